@@ -1,0 +1,38 @@
+# `make test` and `make demo` set everything up on a fresh machine (Python 3.10+).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?= -m "not slow"
+
+.PHONY: setup test test-all lint demo bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch first: pip takes the local CPU build, so no later package pulls a multi-GB CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet "torch==2.13.0" || $(BIN)/pip install --quiet "torch>=2.4"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check src tests
+
+test: setup lint
+	OMP_NUM_THREADS=2 $(BIN)/pytest -q $(PYTEST_ARGS)
+
+test-all: PYTEST_ARGS =
+test-all: test
+
+demo: setup
+	OMP_NUM_THREADS=2 $(BIN)/ppo-lm demo
+
+bench: setup
+	$(BIN)/ppo-lm bench --workload w1 --iterations 3 --threads 2
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache

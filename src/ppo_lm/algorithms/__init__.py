@@ -1,0 +1,67 @@
+"""The RL math of ppo-lm as pure tensor functions; nothing here knows about models.
+
+Per-token tensors are (B, T) over response positions, ``mask`` is right-padded, ``values[:, t]`` is
+V_old(x_t). See ``SPEC.md`` §1 and §3 and each function's docstring for shapes and references.
+"""
+
+from .advantages import (
+    adaptive_lambda,
+    broadcast_to_tokens,
+    gae,
+    grpo_advantages,
+    masked_mean_var,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    whiten,
+)
+from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty, shape_rewards
+from .losses import (
+    AGG_MODES,
+    aggregate,
+    entropy_from_logits,
+    explained_variance,
+    pg_loss,
+    policy_loss,
+    value_loss,
+)
+from .registry import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    AdvantageInputs,
+    AdvantageSettings,
+    EstimatorSpec,
+    compute_advantages,
+    get_advantage_estimator,
+    get_policy_loss,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGG_MODES",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "AdvantageInputs",
+    "AdvantageSettings",
+    "EstimatorSpec",
+    "FixedKLController",
+    "adaptive_lambda",
+    "aggregate",
+    "broadcast_to_tokens",
+    "compute_advantages",
+    "entropy_from_logits",
+    "explained_variance",
+    "gae",
+    "get_advantage_estimator",
+    "get_policy_loss",
+    "grpo_advantages",
+    "kl_penalty",
+    "masked_mean_var",
+    "pg_loss",
+    "policy_loss",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
+    "shape_rewards",
+    "value_loss",
+    "whiten",
+]

@@ -1,0 +1,111 @@
+"""KL estimators, reward shaping and KL coefficient controllers (SPEC §1.2).
+
+References: Schulman 2020, "Approximating KL divergence" (k1/k2/k3);
+Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences" (adaptive β).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ._checks import check_mask, check_positive, check_same_shape
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def kl_penalty(logp: Tensor, logp_ref: Tensor, kind: str = "k1") -> Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) from samples of π.
+
+    With d = logp − logp_ref: k1 = d, k2 = ½d², k3 = (e^{−d} − 1) + d (unbiased, non-negative).
+
+    Args:
+        logp, logp_ref: (B, T) log-probabilities of the sampled tokens.
+    Returns:
+        (B, T) tensor; no masking is applied here.
+    """
+    d = logp - logp_ref
+    if kind == "k1":
+        return d
+    if kind == "k2":
+        return 0.5 * d.square()
+    if kind == "k3":
+        return (-d).exp() - 1 + d
+    raise ValueError(f"`kind` must be one of {KL_ESTIMATORS}, got {kind!r}")
+
+
+def shape_rewards(
+    scores: Tensor,
+    logp_old: Tensor,
+    logp_ref: Tensor,
+    mask: Tensor,
+    *,
+    kl_coef: float,
+    kl_estimator: str = "k1",
+) -> Tensor:
+    """Shaped per-token rewards r_t = −β·kl_t, plus the score at the last valid token.
+
+    Args:
+        scores: (B,) scalar score per response.
+        logp_old, logp_ref: (B, T) log-probs of the sampled tokens under π_old and π_ref.
+        mask: (B, T) right-padded validity mask; every row needs at least one valid token.
+    Returns:
+        (B, T) rewards, 0 on padding.
+    """
+    check_same_shape("logp_old", logp_old, logp_ref=logp_ref, mask=mask)
+    m = check_mask(mask)
+    if scores.shape != (m.shape[0],):
+        raise ValueError(f"`scores` must have shape ({m.shape[0]},), got {tuple(scores.shape)}")
+    if float(kl_coef) < 0:
+        raise ValueError(f"`kl_coef` must be >= 0, got {kl_coef}")
+    lengths = m.sum(1)
+    if bool((lengths == 0).any()):
+        raise ValueError("`mask` has an empty row: every response needs at least one token to carry its score")
+    kl = kl_penalty(logp_old.where(m, 0), logp_ref.where(m, 0), kl_estimator)
+    rewards = (-kl_coef * kl).where(m, 0).to(logp_old.dtype)
+    last = (lengths - 1).unsqueeze(1)
+    return rewards.scatter_add(1, last, scores.to(rewards.dtype).unsqueeze(1))
+
+
+class FixedKLController:
+    """Constant β."""
+
+    def __init__(self, kl_coef: float):
+        if kl_coef < 0:
+            raise ValueError(f"`kl_coef` must be >= 0, got {kl_coef}")
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """No-op: β is fixed."""
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
+
+
+class AdaptiveKLController:
+    """Adaptive β (Ziegler et al. 2019, §2.2).
+
+    e = clip((KL − target)/target, −0.2, 0.2);  β ← β·(1 + e·n_steps/horizon).
+    ``current_kl`` is the mean per-response KL sum; ``n_steps`` the number of episodes in the batch.
+    """
+
+    def __init__(self, init_kl_coef: float, target: float, horizon: float):
+        if init_kl_coef < 0:
+            raise ValueError(f"`init_kl_coef` must be >= 0, got {init_kl_coef}")
+        check_positive("target", target)
+        check_positive("horizon", horizon)
+        self.value = float(init_kl_coef)
+        self.target = float(target)
+        self.horizon = float(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+
+    def state_dict(self) -> dict:
+        return {"value": self.value, "target": self.target, "horizon": self.horizon}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])

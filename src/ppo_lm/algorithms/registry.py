@@ -1,0 +1,137 @@
+"""Registries so the trainer picks an advantage estimator and a policy loss by name.
+
+Every advantage estimator has one signature (keyword-only, unused inputs ignored) and returns
+``(advantages, returns)`` as (B, T) tensors; ``returns`` is None for critic-free estimators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from .advantages import (
+    AllReduce,
+    adaptive_lambda,
+    broadcast_to_tokens,
+    gae,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from .losses import pg_loss, policy_loss
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What a rollout offers an estimator. Shapes: B responses, T response positions.
+
+    rewards: (B, T) shaped rewards (score + KL part) or score-only, per the trainer's settings.
+    values: (B, T) V_old(x_t), or None without a critic.  mask: (B, T).  scores: (B,).
+    terminated: (B,) bool.  bootstrap_values: (B,) or None.  group_size: samples per prompt.
+    critic_rewards: (B, T) rewards for the critic target when they differ (score-only target),
+    else None (use ``rewards``).
+    """
+
+    rewards: Tensor
+    mask: Tensor
+    scores: Tensor
+    terminated: Tensor
+    values: Tensor | None = None
+    bootstrap_values: Tensor | None = None
+    group_size: int = 1
+    critic_rewards: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    gamma: float = 1.0
+    lam: float = 0.95
+    critic_lam: float | None = None  # decoupled GAE (VC-PPO): λ for the critic target
+    adaptive_lam_alpha: float | None = None  # VAPO: λ_actor = 1 − 1/(α·l)
+
+
+Estimator = Callable[..., tuple[Tensor, Tensor | None]]
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    fn: Estimator
+    needs_critic: bool
+    needs_groups: bool
+
+
+def _gae_estimator(
+    x: AdvantageInputs, s: AdvantageSettings, all_reduce: AllReduce | None
+) -> tuple[Tensor, Tensor | None]:
+    if x.values is None:
+        raise ValueError("the `gae` estimator needs critic values")
+    lam_actor: float | Tensor = s.lam
+    if s.adaptive_lam_alpha is not None:
+        lam_actor = adaptive_lambda(x.mask.sum(1), s.adaptive_lam_alpha).to(x.rewards.dtype)
+    kw = dict(gamma=s.gamma, terminated=x.terminated, bootstrap_values=x.bootstrap_values)
+    advantages, returns = gae(x.rewards, x.values, x.mask, lam=lam_actor, **kw)
+    critic_lam = s.lam if s.critic_lam is None else s.critic_lam
+    if x.critic_rewards is not None or critic_lam != lam_actor or isinstance(lam_actor, Tensor):
+        crit_r = x.rewards if x.critic_rewards is None else x.critic_rewards
+        _, returns = gae(crit_r, x.values, x.mask, lam=critic_lam, **kw)
+    return advantages, returns
+
+
+def _grpo(x: AdvantageInputs, s: AdvantageSettings, all_reduce: AllReduce | None):
+    return broadcast_to_tokens(grpo_advantages(x.scores, x.group_size), x.mask), None
+
+
+def _dr_grpo(x: AdvantageInputs, s: AdvantageSettings, all_reduce: AllReduce | None):
+    adv = grpo_advantages(x.scores, x.group_size, scale_by_std=False)
+    return broadcast_to_tokens(adv, x.mask), None
+
+
+def _rloo(x: AdvantageInputs, s: AdvantageSettings, all_reduce: AllReduce | None):
+    return broadcast_to_tokens(rloo_advantages(x.scores, x.group_size), x.mask), None
+
+
+def _reinforce_pp(x: AdvantageInputs, s: AdvantageSettings, all_reduce: AllReduce | None):
+    return reinforce_pp_advantages(x.rewards, x.mask, gamma=s.gamma, all_reduce=all_reduce), None
+
+
+ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {
+    "gae": EstimatorSpec(_gae_estimator, needs_critic=True, needs_groups=False),
+    "grpo": EstimatorSpec(_grpo, needs_critic=False, needs_groups=True),
+    "dr_grpo": EstimatorSpec(_dr_grpo, needs_critic=False, needs_groups=True),
+    "rloo": EstimatorSpec(_rloo, needs_critic=False, needs_groups=True),
+    "reinforce++": EstimatorSpec(_reinforce_pp, needs_critic=False, needs_groups=False),
+}
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
+    "ppo": policy_loss,
+    "pg": pg_loss,
+}
+
+
+def get_advantage_estimator(name: str) -> EstimatorSpec:
+    try:
+        return ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
+        ) from None
+
+
+def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
+    try:
+        return POLICY_LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy loss {name!r}; choose one of {sorted(POLICY_LOSSES)}") from None
+
+
+def compute_advantages(
+    name: str,
+    inputs: AdvantageInputs,
+    settings: AdvantageSettings = AdvantageSettings(),
+    *,
+    all_reduce: AllReduce | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Run the estimator ``name`` → ``(advantages (B, T), returns (B, T) or None)``."""
+    return get_advantage_estimator(name).fn(inputs, settings, all_reduce)
