@@ -1,0 +1,90 @@
+"""The one small helper through which ranks talk; a no-op in a single process.
+
+Everything the trainer reduces across data-parallel ranks (whitening statistics, token counts for
+loss normalisation, logged metrics, KL-controller input) goes through :func:`all_reduce_sum`.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_initialized() else 0
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def init_from_env(timeout_s: float = 600.0) -> bool:
+    """Join the process group when launched by ``torchrun`` (WORLD_SIZE > 1); gloo on CPU, nccl on GPU.
+
+    Returns True when running distributed.
+    """
+    if is_initialized():
+        return True
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return True
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``t`` over ranks (returns a new tensor; the input is left untouched)."""
+    if not is_initialized():
+        return t
+    out = t.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    if not is_initialized():
+        return t
+    out = t.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return out
+
+
+def barrier() -> None:
+    if is_initialized():
+        dist.barrier()
+
+
+def broadcast_object(obj):
+    """Send a picklable object from rank 0 to every rank."""
+    if not is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def destroy() -> None:
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if not is_initialized():
+        return [obj]
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out

@@ -1,0 +1,117 @@
+"""Policy and critic modules that score response tokens of (prompt ‖ response) sequences.
+
+Layout shared by every forward here: ``input_ids`` (B, P + T) is a left-padded prompt block of
+width P followed by a right-padded response block of width T. Logits at position P − 1 + t predict
+response token t, and the hidden state there is the context x_t before that token, so the value
+V(x_t) and log π(y_t | x_t) come from the same positions P − 1 … P + T − 2; position P + T − 1 … gives
+V(x_{T+1}) for the bootstrap of truncated responses.
+
+Both modules run only the transformer body plus their head on the response positions, so the
+vocabulary projection is never computed for prompt tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .hf_compat import scalar_head, trunk
+from .logprobs import entropy_and_logprobs, gather_logprobs, position_ids_from_mask
+
+
+def _hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    out = body(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    )
+    return out.last_hidden_state
+
+
+class PolicyModel(nn.Module):
+    """A causal LM as a policy, optionally with a value head on its trunk (shared-body critic).
+
+    ``value_grad_scale`` routes the value loss into the trunk: 1 = full gradient, 0 = the value head
+    trains on detached features (the trunk only sees the policy loss), in between = scaled.
+    """
+
+    def __init__(self, lm: nn.Module, *, value_head: nn.Linear | None = None, value_grad_scale: float = 1.0):
+        super().__init__()
+        self.lm = lm
+        self.value_head = value_head
+        self.value_grad_scale = float(value_grad_scale)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        prompt_width: int,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = True,
+        with_values: bool = False,
+    ) -> dict[str, Tensor]:
+        """Returns ``logp`` (B, T) of the response tokens under softmax(logits/temperature), plus
+        ``entropy`` (B, T) and ``values`` (B, T + 1) when asked (values need a value head).
+        ``entropy_grad=False`` computes the entropy as a detached diagnostic."""
+        P = prompt_width
+        hidden = _hidden(trunk(self.lm), input_ids, attention_mask)
+        h = hidden[:, P - 1 : -1]  # contexts x_0 … x_{T-1}
+        labels = input_ids[:, P:]
+        logits = self.lm.get_output_embeddings()(h)
+        if temperature != 1.0:
+            logits = logits / temperature
+        out: dict[str, Tensor] = {}
+        if with_entropy and entropy_grad:
+            out["entropy"], out["logp"] = entropy_and_logprobs(logits, labels)
+        else:
+            out["logp"] = gather_logprobs(logits, labels)
+            if with_entropy:
+                with torch.no_grad():
+                    out["entropy"] = entropy_and_logprobs(logits.detach(), labels)[0]
+        if with_values:
+            if self.value_head is None:
+                raise ValueError("this policy has no value head (critic.kind is not 'shared')")
+            hv = hidden[:, P - 1 :]
+            if self.value_grad_scale != 1.0:
+                s = self.value_grad_scale
+                hv = hv * s + hv.detach() * (1.0 - s)
+            out["values"] = self.value_head(hv.to(self.value_head.weight.dtype)).squeeze(-1).float()
+        return out
+
+
+class CriticModel(nn.Module):
+    """Separate-body critic: a one-label token-classification model (transformer + scalar head).
+
+    Kept as a plain ``AutoModelForTokenClassification`` so ``save_pretrained`` output loads in
+    transformers without ppo-lm.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, prompt_width: int) -> Tensor:
+        """Returns values (B, T + 1): V(x_t) for t = 0 … T (the last column is V after the block)."""
+        hidden = _hidden(trunk(self.model), input_ids, attention_mask)
+        head = scalar_head(self.model)
+        return head(hidden[:, prompt_width - 1 :]).squeeze(-1).float()
+
+
+@torch.no_grad()
+def sequence_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, last_index: Tensor) -> Tensor:
+    """Scalar score of a sequence-classification model read at ``last_index`` (B,) of each row.
+
+    Applies the normalisation stored by ``ppo-lm rm`` (``config.ppo_lm_reward_mean/std``) if present.
+    Returns (B,) fp32.
+    """
+    hidden = _hidden(trunk(model), input_ids, attention_mask)
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    scores = scalar_head(model)(hidden[rows, last_index]).squeeze(-1).float()
+    mean = getattr(model.config, "ppo_lm_reward_mean", None)
+    std = getattr(model.config, "ppo_lm_reward_std", None)
+    if mean is not None and std is not None:
+        scores = (scores - mean) / std
+    return scores

@@ -1,0 +1,49 @@
+"""Small shims over Hugging Face model APIs that differ across transformers versions."""
+
+from __future__ import annotations
+
+import inspect
+from functools import cache
+
+from torch import nn
+
+
+@cache
+def cache_kwarg(model_cls: type) -> str:
+    """Name of the KV-cache argument of ``model_cls.forward`` (``cache`` since 5.x, else ``past_key_values``)."""
+    params = inspect.signature(model_cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def new_cache(model: nn.Module):
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        return DynamicCache()
+
+
+def trunk(model: nn.Module) -> nn.Module:
+    """The transformer body of any ``*ForCausalLM``/``*ForSequenceClassification``/``*ForTokenClassification``."""
+    body = getattr(model, "base_model", None)
+    if body is None or body is model:
+        raise ValueError(f"{type(model).__name__} has no separate transformer body (`base_model`)")
+    return body
+
+
+def scalar_head(model: nn.Module) -> nn.Linear:
+    """The scalar output layer of a one-label classification model (``score`` or ``classifier``)."""
+    for name in ("score", "classifier", "v_head"):
+        head = getattr(model, name, None)
+        if isinstance(head, nn.Linear):
+            return head
+    raise ValueError(f"{type(model).__name__} has no `score`/`classifier` linear head")
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """PPO needs identical numerics in rollout and update: no dropout anywhere."""
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    model.eval()

@@ -1,0 +1,71 @@
+"""Typed container of one rollout (SPEC §1.1): everything the update needs, detached data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class RolloutBatch:
+    """B episodes; P = prompt block width (left-padded), T = response block width (right-padded).
+
+    input_ids, attention_mask: (B, P + T) prompt ‖ response.
+    response_mask: (B, T) bool, valid response tokens (the stop token included).
+    terminated: (B,) bool, True when a stop token ended the response (False = cut by the limit).
+    logp_old, logp_ref: (B, T) log-probs of the sampled tokens under π_old and π_ref.
+    values_old: (B, T) V_old(x_t), or None without a critic.
+    bootstrap_values: (B,) V_old(x_{T_i+1}) (used for truncated rows), or None without a critic.
+    scores: (B,) verifier / reward-model score (after the missing-EOS penalty).
+    rewards: (B, T) shaped rewards; advantages, returns: (B, T) filled by the advantage step.
+    group_ids: (B,) index of the prompt each episode was sampled from (groups are contiguous).
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    prompt_width: int
+    response_mask: Tensor
+    terminated: Tensor
+    logp_old: Tensor
+    logp_ref: Tensor
+    scores: Tensor
+    group_ids: Tensor
+    values_old: Tensor | None = None
+    bootstrap_values: Tensor | None = None
+    rewards: Tensor | None = None
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
+    prompts: list[str] = field(default_factory=list)
+    responses: list[str] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.response_mask.sum(1)
+
+    def select(self, idx: Tensor, *, trim: bool = True) -> RolloutBatch:
+        """Rows ``idx``; with ``trim`` the response block is cut to the longest selected response,
+        so the update never pays for padding beyond it."""
+        T = self.response_mask.shape[1]
+        width = int(self.response_mask[idx].sum(1).max()) if trim and idx.numel() else T
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                v = v[idx]
+                if v.dim() == 2:
+                    v = v[:, : self.prompt_width + width] if f.name in ("input_ids", "attention_mask") else v[:, :width]
+            elif isinstance(v, list):
+                v = [v[i] for i in idx.tolist()] if v else v
+            out[f.name] = v
+        return replace(self, **out)
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        return replace(
+            self, **{f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+        )

@@ -1,0 +1,129 @@
+"""Step 1 of the loop (SPEC §1.1): sample responses, then score them with every model, no gradients."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..models.actor_critic import CriticModel, PolicyModel
+from .batch import RolloutBatch
+from .reward import Verifier, score_with_model, score_with_verifier
+from .sampling import SamplingParams, generate
+
+
+@dataclass
+class RolloutModels:
+    policy: PolicyModel
+    ref: PolicyModel
+    critic: CriticModel | None = None  # separate-body critic
+    shared_critic: bool = False  # values come from the policy's value head
+    reward_model: nn.Module | None = None
+    verifier: Verifier | None = None
+
+
+def _chunks(n: int, size: int):
+    size = size or n
+    for i in range(0, n, size):
+        yield slice(i, min(i + size, n))
+
+
+def _strip_special(tokenizer, ids: Tensor, mask: Tensor) -> list[str]:
+    return tokenizer.batch_decode([row[m].tolist() for row, m in zip(ids, mask)], skip_special_tokens=True)
+
+
+def collect_rollout(
+    models: RolloutModels,
+    tokenizer,
+    prompt_rows: list[dict],
+    *,
+    prompt_column: str,
+    sampling: SamplingParams,
+    samples_per_prompt: int,
+    generator: torch.Generator | None,
+    forward_batch_size: int = 0,
+    missing_eos_penalty: float = 0.0,
+    device: torch.device | str = "cpu",
+    timings: dict[str, float] | None = None,
+) -> RolloutBatch:
+    """Sample ``samples_per_prompt`` responses per prompt row and score them.
+
+    Episodes are laid out group-contiguous: [p0s0, p0s1, …, p1s0, …]. ``timings`` receives the
+    seconds spent in ``generate`` and ``score`` (all scoring forwards and the reward).
+    """
+    timings = timings if timings is not None else {}
+    prompts = [row[prompt_column] for row in prompt_rows for _ in range(samples_per_prompt)]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    B, P = prompt_ids.shape
+
+    t0 = time.perf_counter()
+    models.policy.lm.eval()
+    gen = generate(
+        models.policy.lm, prompt_ids, prompt_mask, sampling, pad_token_id=tokenizer.pad_token_id, generator=generator
+    )
+    t1 = time.perf_counter()
+    timings["generate_s"] = t1 - t0
+
+    input_ids = torch.cat([prompt_ids, gen.responses], 1)
+    attention_mask = torch.cat([prompt_mask, gen.mask.to(prompt_mask.dtype)], 1)
+    T = gen.responses.shape[1]
+    temperature = sampling.temperature or 1.0
+    logp_old = torch.empty(B, T, device=device)
+    logp_ref = torch.empty(B, T, device=device)
+    values_all = None
+    if models.critic is not None or models.shared_critic:
+        values_all = torch.empty(B, T + 1, device=device)
+    # logp_old uses the training forward (not the decode logits) so the first update's ratio is 1.
+    with torch.no_grad():
+        for s in _chunks(B, forward_batch_size):
+            out = models.policy(
+                input_ids[s], attention_mask[s], P, temperature=temperature, with_values=models.shared_critic
+            )
+            logp_old[s] = out["logp"]
+            if models.shared_critic:
+                values_all[s] = out["values"]
+            elif models.critic is not None:
+                values_all[s] = models.critic(input_ids[s], attention_mask[s], P)
+    with torch.inference_mode():
+        for s in _chunks(B, forward_batch_size):
+            logp_ref[s] = models.ref(input_ids[s], attention_mask[s], P, temperature=temperature)["logp"]
+    logp_ref = logp_ref.clone()  # leave inference mode: these tensors are used next to autograd ones
+
+    lengths = gen.mask.sum(1)
+    responses_text = _strip_special(tokenizer, gen.responses, gen.mask)
+    if models.reward_model is not None:
+        last_index = P + lengths - 1
+        scores = torch.cat([
+            score_with_model(models.reward_model, input_ids[s], attention_mask[s], last_index[s])
+            for s in _chunks(B, forward_batch_size)
+        ])
+    else:
+        columns = {k: [row[k] for row in prompt_rows for _ in range(samples_per_prompt)]
+                   for k in prompt_rows[0] if k != prompt_column}
+        scores = score_with_verifier(models.verifier, prompts, responses_text, columns).to(device)
+    if missing_eos_penalty:
+        scores = scores - missing_eos_penalty * (~gen.terminated).float()
+    timings["score_s"] = time.perf_counter() - t1
+
+    values_old = bootstrap = None
+    if values_all is not None:
+        values_old = values_all[:, :T].where(gen.mask, 0)
+        bootstrap = values_all.gather(1, lengths.unsqueeze(1)).squeeze(1)
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        prompt_width=P,
+        response_mask=gen.mask,
+        terminated=gen.terminated,
+        logp_old=logp_old.where(gen.mask, 0),
+        logp_ref=logp_ref.where(gen.mask, 0),
+        scores=scores.float(),
+        group_ids=torch.arange(B, device=device) // samples_per_prompt,
+        values_old=values_old,
+        bootstrap_values=bootstrap,
+        prompts=prompts,
+        responses=responses_text,
+    )

@@ -1,0 +1,195 @@
+"""Assemble the four model roles, the tokenizer, the reward and the prompts from a TrainConfig."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..models.actor_critic import CriticModel, PolicyModel
+from ..models.hf_compat import disable_dropout, scalar_head, trunk
+from ..rollout.reward import load_verifier
+from .config import DataConfig, ModelConfig, TrainConfig
+from .config_io import ConfigError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(spec: str) -> torch.device:
+    if spec == "auto":
+        if torch.cuda.is_available():
+            import os
+
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    return torch.device(spec)
+
+
+def _is_model_path(spec: str) -> bool:
+    return not spec.startswith("builtin") and ":" not in spec.replace("\\", "/").split("/")[-1] and (
+        Path(spec).exists() or "/" in spec
+    )
+
+
+def build_tokenizer(cfg: ModelConfig):
+    """The tokenizer, checked: it needs a pad token distinct from EOS (padding is masked by id)."""
+    source = cfg.tokenizer or cfg.policy
+    if source == "builtin":
+        from ..tasks.equations import build_tokenizer as builtin
+
+        tok = builtin()
+    else:
+        from transformers import AutoTokenizer
+
+        if not Path(source).exists():
+            raise ConfigError(f"`model.tokenizer`/`model.policy`: no such path {source!r} (models load offline only)")
+        tok = AutoTokenizer.from_pretrained(source)
+    if cfg.pad_token is not None:
+        if cfg.pad_token not in tok.get_vocab():
+            raise ConfigError(f"`model.pad_token`={cfg.pad_token!r} is not in the tokenizer's vocabulary")
+        tok.pad_token = cfg.pad_token
+    check_tokenizer(tok)
+    return tok
+
+
+def check_tokenizer(tok) -> None:
+    if tok.pad_token_id is None:
+        raise ConfigError(
+            "the tokenizer has no pad token: set `model.pad_token` to an unused token of its vocabulary "
+            "(e.g. '<|finetune_right_pad_id|>' or the unk token)"
+        )
+    if tok.eos_token_id is None:
+        raise ConfigError("the tokenizer has no EOS token: responses could never terminate")
+    if tok.pad_token_id == tok.eos_token_id:
+        raise ConfigError(
+            f"the tokenizer's pad token equals its EOS token ({tok.eos_token!r}): set `model.pad_token` to "
+            "another token of its vocabulary, so a generated EOS is never mistaken for padding"
+        )
+
+
+def build_policy(cfg: TrainConfig, tokenizer) -> nn.Module:
+    m = cfg.model
+    if m.policy == "builtin":
+        from ..tasks.equations import build_tiny_policy
+
+        max_pos = max(128, 64 + cfg.rollout.max_new_tokens)
+        lm = build_tiny_policy(
+            tokenizer, seed=cfg.seed, hidden_size=m.builtin_hidden_size, num_layers=m.builtin_layers,
+            num_heads=m.builtin_heads, max_position_embeddings=max_pos,
+        )
+    else:
+        from transformers import AutoModelForCausalLM
+
+        if not Path(m.policy).exists():
+            raise ConfigError(f"`model.policy`: no such checkpoint {m.policy!r} (models load offline only)")
+        lm = AutoModelForCausalLM.from_pretrained(m.policy, dtype=DTYPES[m.dtype])
+    return lm.to(DTYPES[m.dtype])
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    disable_dropout(ref)
+    return ref
+
+
+def build_reward_model(cfg: ModelConfig) -> nn.Module | None:
+    """A sequence-classification reward model if ``model.reward`` is a path, else None (verifier)."""
+    if not _is_model_path(cfg.reward):
+        return None
+    from transformers import AutoModelForSequenceClassification
+
+    if not Path(cfg.reward).exists():
+        raise ConfigError(f"`model.reward`: no such reward-model checkpoint {cfg.reward!r}")
+    rm = AutoModelForSequenceClassification.from_pretrained(cfg.reward, dtype=DTYPES[cfg.dtype])
+    if rm.config.num_labels != 1:
+        raise ConfigError(f"`model.reward`: the reward model must have one label, it has {rm.config.num_labels}")
+    rm.requires_grad_(False)
+    disable_dropout(rm)
+    return rm
+
+
+def build_verifier(cfg: ModelConfig):
+    if _is_model_path(cfg.reward):
+        return None
+    try:
+        return load_verifier(cfg.reward)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def build_critic(cfg: ModelConfig, policy_lm: nn.Module, reward_model: nn.Module | None) -> CriticModel:
+    """Separate-body critic: a one-label token-classification model whose body comes from the reward
+    model (InstructGPT), the policy, or a checkpoint; the head is the reward head or fresh."""
+    from transformers import AutoModelForTokenClassification
+
+    source = cfg.critic_init
+    if source == "auto":
+        source = "reward" if reward_model is not None else "policy"
+    if source == "reward" and reward_model is None:
+        raise ConfigError("`model.critic_init`='reward' needs a reward model (`model.reward` is a verifier)")
+    if source not in ("policy", "reward"):
+        if not Path(source).exists():
+            raise ConfigError(f"`model.critic_init`: no such checkpoint {source!r}")
+        model = AutoModelForTokenClassification.from_pretrained(source, num_labels=1, dtype=DTYPES[cfg.dtype])
+    else:
+        donor = reward_model if source == "reward" else policy_lm
+        config = copy.deepcopy(donor.config)
+        config.num_labels = 1
+        config.classifier_dropout = 0.0
+        with torch.random.fork_rng(devices=[]):
+            model = AutoModelForTokenClassification.from_config(config, dtype=DTYPES[cfg.dtype])
+        trunk(model).load_state_dict(trunk(donor).state_dict())
+        head = scalar_head(model)
+        with torch.no_grad():
+            if source == "reward":
+                head.weight.copy_(scalar_head(reward_model).weight)
+            else:
+                head.weight.zero_()  # V ≡ 0 at the start: no arbitrary initial value estimates
+            if head.bias is not None:
+                head.bias.zero_()
+    model.requires_grad_(True)
+    disable_dropout(model)
+    return CriticModel(model)
+
+
+def build_shared_value_head(policy_lm: nn.Module) -> nn.Linear:
+    head = nn.Linear(policy_lm.config.hidden_size, 1, dtype=next(policy_lm.parameters()).dtype)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head
+
+
+def build_policy_module(cfg: TrainConfig, policy_lm: nn.Module, *, with_value_head: bool) -> PolicyModel:
+    disable_dropout(policy_lm)
+    head = build_shared_value_head(policy_lm) if with_value_head else None
+    return PolicyModel(policy_lm, value_head=head, value_grad_scale=cfg.model.value_grad_scale)
+
+
+def load_prompt_rows(cfg: DataConfig, tokenizer, *, max_prompt_tokens: int, seed: int) -> list[dict]:
+    """Training prompts; every prompt is checked to fit ``max_prompt_tokens``."""
+    if cfg.prompts == "builtin:equations":
+        from ..tasks.equations import make_prompts
+
+        rows = make_prompts(cfg.builtin_num_prompts, seed=seed, split="train")
+    else:
+        from ..stages.data import load_rows
+
+        try:
+            rows = load_rows(cfg.prompts, [cfg.prompt_column], name="prompt data (`data.prompts`)")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    bad = [i for i, r in enumerate(rows) if not isinstance(r[cfg.prompt_column], str) or not r[cfg.prompt_column]]
+    if bad:
+        raise ConfigError(f"`data.prompts`: row {bad[0]} has an empty or non-text `{cfg.prompt_column}`")
+    lengths = [len(ids) for ids in tokenizer([r[cfg.prompt_column] for r in rows], add_special_tokens=False)["input_ids"]]
+    longest = max(range(len(rows)), key=lengths.__getitem__)
+    if lengths[longest] > max_prompt_tokens:
+        raise ConfigError(
+            f"`data.prompts`: prompt {longest} has {lengths[longest]} tokens but the model's context leaves "
+            f"{max_prompt_tokens} for the prompt (max_position_embeddings − rollout.max_new_tokens); "
+            f"shorten it or lower `rollout.max_new_tokens`: {rows[longest][cfg.prompt_column][:80]!r}"
+        )
+    return rows

@@ -1,0 +1,141 @@
+"""Config files and validation: YAML → typed dataclasses, with errors that name the field and the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import yaml
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _check_value(name: str, tp: Any, value: Any) -> Any:
+    origin = get_origin(tp)
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise ConfigError(f"`{name}` must be one of {list(get_args(tp))}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise ConfigError(f"`{name}` must not be null")
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _check_value(name, a, value)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"`{name}`: bad value {value!r}")
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"`{name}` must be a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"`{name}` must be an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"`{name}` must be true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"`{name}` must be a string, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"`{name}` must be a list, got {value!r}")
+        inner = get_args(tp)
+        if origin is tuple and inner and inner[-1] is not Ellipsis:
+            if len(value) != len(inner):
+                raise ConfigError(f"`{name}` must have {len(inner)} items, got {value!r}")
+            return tuple(_check_value(f"{name}[{i}]", t, v) for i, (t, v) in enumerate(zip(inner, value)))
+        item = inner[0] if inner else Any
+        return origin(_check_value(f"{name}[{i}]", item, v) for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, prefix=name)
+    return value
+
+
+def from_dict(cls: type[C], data: dict[str, Any] | None, *, prefix: str = "", base: C | None = None) -> C:
+    """Build ``cls`` from nested dicts, starting from ``base`` (or the defaults).
+
+    Unknown keys raise :class:`ConfigError` with the closest known name.
+    """
+    obj = base if base is not None else cls()
+    if data is None:
+        return obj
+    if not isinstance(data, dict):
+        raise ConfigError(f"`{prefix or 'config'}` must be a mapping, got {data!r}")
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key, value in data.items():
+        norm = str(key).replace("-", "_")
+        full = f"{prefix}.{norm}" if prefix else norm
+        if norm not in names:
+            close = difflib.get_close_matches(norm, names, n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else f"; known fields: {', '.join(names)}"
+            raise ConfigError(f"unknown config field `{full}`{hint}")
+        tp = hints[norm]
+        if dataclasses.is_dataclass(tp):
+            setattr(obj, norm, from_dict(tp, value, prefix=full, base=getattr(obj, norm)))
+        else:
+            setattr(obj, norm, _check_value(full, tp, value))
+    return obj
+
+
+def load_yaml(path: str | Path, cls: type[C]) -> C:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+    return from_dict(cls, data)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    d = dataclasses.asdict(cfg)
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [plain(v) for v in x]
+        return x
+
+    return plain(d)
+
+
+def dump_yaml(cfg: Any, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def check_types(cfg: Any, prefix: str = "") -> None:
+    """Re-check every field against its annotation (catches bad values set from Python or the CLI)."""
+    hints = _hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        name = f"{prefix}.{f.name}" if prefix else f.name
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            check_types(value, name)
+        else:
+            _check_value(name, hints[f.name], value)

@@ -1,0 +1,291 @@
+"""The PPO loop of SPEC §1, top to bottom: rollout → shaped reward → advantages → K epochs of updates.
+
+Read :meth:`PPOTrainer.train_iteration` first; everything else sets up or persists state.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import distributed as dist
+from ..algorithms import (
+    AdaptiveKLController,
+    AdvantageInputs,
+    AdvantageSettings,
+    FixedKLController,
+    compute_advantages,
+    explained_variance,
+    get_advantage_estimator,
+    get_policy_loss,
+    kl_penalty,
+    shape_rewards,
+    whiten,
+)
+from ..rollout.batch import RolloutBatch
+from ..rollout.collect import RolloutModels, collect_rollout
+from ..rollout.sampling import SamplingParams
+from . import builders
+from .config import TrainConfig
+from .config_io import ConfigError, dump_yaml
+from .metrics_log import MetricsLogger, truncate_jsonl
+from .state import TrainState, load_checkpoint, save_checkpoint
+from .update import UpdateContext, ppo_update
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive updates had a non-finite loss."""
+
+
+class PPOTrainer:
+    """PPO (or a critic-free estimator) on Hugging Face causal LMs.
+
+    Python API: ``PPOTrainer(cfg).train()``. ``policy``, ``tokenizer``, ``verifier`` and
+    ``prompt_rows`` may be passed as objects instead of being built from ``cfg.model``/``cfg.data``.
+    """
+
+    def __init__(self, cfg: TrainConfig, *, policy=None, tokenizer=None, verifier=None, prompt_rows=None):
+        dist.init_from_env()
+        self.cfg = cfg
+        builders_validate(cfg)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device = builders.resolve_device(cfg.model.device)
+        self.rank, self.world = dist.rank(), dist.world_size()
+        self.output_dir = Path(cfg.output_dir)
+        a = cfg.algo
+        self.estimator = get_advantage_estimator(a.estimator)
+        self.policy_loss_fn = get_policy_loss(a.policy_loss)
+
+        # Models (SPEC §2). Seeded so every rank builds identical initial weights.
+        torch.manual_seed(cfg.seed)
+        self.tokenizer = tokenizer if tokenizer is not None else builders.build_tokenizer(cfg.model)
+        if tokenizer is not None:
+            builders.check_tokenizer(tokenizer)
+        policy_lm = policy if policy is not None else builders.build_policy(cfg, self.tokenizer)
+        self.ref_lm = builders.frozen_copy(policy_lm)
+        shared = self.estimator.needs_critic and cfg.model.critic == "shared"
+        self.policy = builders.build_policy_module(cfg, policy_lm, with_value_head=shared).to(self.device)
+        self.ref = builders.build_policy_module(cfg, self.ref_lm, with_value_head=False).to(self.device)
+        self.reward_model = builders.build_reward_model(cfg.model)
+        if self.reward_model is not None:
+            self.reward_model.to(self.device)
+        self.verifier = verifier if verifier is not None else builders.build_verifier(cfg.model)
+        self.critic = None
+        if self.estimator.needs_critic and not shared:
+            self.critic = builders.build_critic(cfg.model, policy_lm, self.reward_model).to(self.device)
+        self.shared_critic = shared
+
+        # Prompts; each rank takes its own shard of every iteration's global batch.
+        max_pos = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
+        self.prompt_rows = prompt_rows if prompt_rows is not None else builders.load_prompt_rows(
+            cfg.data, self.tokenizer, max_prompt_tokens=max_pos - cfg.rollout.max_new_tokens, seed=cfg.seed
+        )
+        if not self.prompt_rows:
+            raise ConfigError("`data.prompts`: the prompt dataset is empty")
+
+        stop_ids = [self.tokenizer.eos_token_id]
+        for s in cfg.rollout.stop_tokens:
+            tid = self.tokenizer.convert_tokens_to_ids(s)
+            if tid is None or tid == self.tokenizer.unk_token_id:
+                raise ConfigError(f"`rollout.stop_tokens`: {s!r} is not a single token of the tokenizer")
+            stop_ids.append(tid)
+        self.sampling = SamplingParams(
+            max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=tuple(stop_ids),
+        )
+
+        # Optimisers, schedules, KL controller, RNG streams: everything a checkpoint restores.
+        self.kl_ctl = (
+            AdaptiveKLController(a.kl_coef, a.adaptive_kl_target, a.adaptive_kl_horizon)
+            if a.adaptive_kl_target is not None else FixedKLController(a.kl_coef)
+        )
+        self.update_ctx = UpdateContext.build(cfg, self.policy, self.critic, self.device)
+        self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + self.rank + 1)
+        self.shuffle_gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank + 500)
+        self.state = TrainState()
+
+    # ------------------------------------------------------------------------------------------
+    def prompts_for(self, iteration: int) -> list[dict]:
+        """This rank's prompt rows for ``iteration`` (1-based): a fixed function of the iteration, so a
+        resumed run sees the same data. Each pass over the data uses a fresh seeded permutation."""
+        n = len(self.prompt_rows)
+        per_iter = self.cfg.rollout.num_prompts
+        local = per_iter // self.world
+        start = (iteration - 1) * per_iter + self.rank * local
+        rows = []
+        for pos in range(start, start + local):
+            epoch, i = divmod(pos, n)
+            if self.cfg.data.shuffle:
+                perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.cfg.seed + 7919 * epoch))
+                i = int(perm[i])
+            rows.append(self.prompt_rows[i])
+        return rows
+
+    def train_iteration(self, iteration: int) -> dict[str, float]:
+        cfg, a = self.cfg, self.cfg.algo
+        timings: dict[str, float] = {}
+        t_start = time.perf_counter()
+
+        # 1. Rollout: sample with π_old, then score with π_old, π_ref, V_old and the reward.
+        batch = collect_rollout(
+            RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.reward_model, self.verifier),
+            self.tokenizer, self.prompts_for(iteration), prompt_column=cfg.data.prompt_column,
+            sampling=self.sampling, samples_per_prompt=cfg.rollout.samples_per_prompt,
+            generator=self.sample_gen, forward_batch_size=cfg.rollout.forward_batch_size,
+            missing_eos_penalty=cfg.rollout.missing_eos_penalty, device=self.device, timings=timings,
+        )
+
+        # 2. Shaped reward: r_t = −β·kl_t, plus the score at the last token (KL in the reward), or
+        #    the score alone when the KL is a loss term.
+        t2 = time.perf_counter()
+        beta = self.kl_ctl.value
+        mask = batch.response_mask
+        reward_beta = beta if a.kl_in == "reward" else 0.0
+        batch.rewards = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, mask,
+                                      kl_coef=reward_beta, kl_estimator=a.kl_estimator)
+        critic_rewards = None
+        if a.critic_target == "score" and reward_beta > 0:
+            critic_rewards = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, mask, kl_coef=0.0)
+
+        # 3. Advantages and critic targets (GAE, or a critic-free estimator).
+        inputs = AdvantageInputs(
+            rewards=batch.rewards, mask=mask, scores=batch.scores, terminated=batch.terminated,
+            values=batch.values_old, bootstrap_values=batch.bootstrap_values,
+            group_size=cfg.rollout.samples_per_prompt, critic_rewards=critic_rewards,
+        )
+        settings = AdvantageSettings(gamma=a.gamma, lam=a.gae_lambda, critic_lam=a.critic_lambda,
+                                     adaptive_lam_alpha=a.adaptive_lambda_alpha)
+        advantages, returns = compute_advantages(a.estimator, inputs, settings, all_reduce=dist.all_reduce_sum)
+        if a.estimator == "gae" and a.whiten_advantages:
+            advantages = whiten(advantages, mask, all_reduce=dist.all_reduce_sum)
+        batch.advantages, batch.returns = advantages, returns
+        timings["advantage_s"] = time.perf_counter() - t2
+
+        # 4. K epochs of minibatch updates on the fixed rollout.
+        t4 = time.perf_counter()
+        train_policy = iteration > cfg.optim.critic_warmup_iterations
+        upd = ppo_update(self.update_ctx, batch, self.policy_loss_fn, self.shuffle_gen, train_policy=train_policy)
+        timings["update_s"] = time.perf_counter() - t4
+        self.state.nonfinite_in_row = 0 if upd["nonfinite_skipped"] == 0 else self.state.nonfinite_in_row + upd["nonfinite_skipped"]
+        self.state.nonfinite_total += int(upd["nonfinite_skipped"])
+        if self.state.nonfinite_in_row >= cfg.optim.max_nonfinite_in_row:
+            raise NonFiniteLossError(
+                f"{self.state.nonfinite_in_row} consecutive updates had a non-finite loss (iteration {iteration}); "
+                "lower the learning rates or check the reward scale"
+            )
+
+        # 5. Diagnostics over the global batch, then the KL controller sees this batch's KL.
+        metrics = self._rollout_metrics(batch, beta)
+        metrics.update({k: v for k, v in upd.items() if k != "nonfinite_skipped"})
+        metrics["nonfinite_skipped_total"] = float(self.state.nonfinite_total)
+        n_episodes = batch.size * self.world
+        self.kl_ctl.update(metrics["ref_kl"], n_episodes)
+        timings["iteration_s"] = time.perf_counter() - t_start
+        tokens = float(dist.all_reduce_sum(mask.sum().float()))
+        timings["rollout_tokens_per_s"] = tokens / max(timings["generate_s"], 1e-9)
+        timings["update_tokens_per_s"] = tokens * cfg.optim.epochs / max(timings["update_s"], 1e-9)
+        timings["episodes_per_s"] = n_episodes / max(timings["iteration_s"], 1e-9)
+        timings["rollout_s"] = timings["generate_s"] + timings["score_s"]
+        metrics.update(timings)
+        self._last_batch = batch
+        return metrics
+
+    def _rollout_metrics(self, batch: RolloutBatch, beta: float) -> dict[str, float]:
+        a, mask = self.cfg.algo, batch.response_mask
+        mf = mask.float()
+        lengths = mf.sum(1)
+        kl = kl_penalty(batch.logp_old, batch.logp_ref, a.kl_estimator).where(mask, 0).sum(1)
+        sums = torch.stack([
+            torch.tensor(float(batch.size)), batch.scores.sum().cpu(), batch.rewards.sum().cpu(), kl.sum().cpu(),
+            lengths.sum().cpu(), (~batch.terminated).float().sum().cpu(), mf.sum().cpu(),
+            batch.advantages.where(mask, 0).sum().cpu(), batch.advantages.where(mask, 0).square().sum().cpu(),
+        ]).double()
+        n, s_score, s_rew, s_kl, s_len, s_trunc, n_tok, s_adv, s_adv2 = dist.all_reduce_sum(sums).tolist()
+        adv_mean = s_adv / n_tok
+        m = {
+            "score": s_score / n,
+            "shaped_reward": s_rew / n,
+            "ref_kl": s_kl / n,
+            "kl_coef": beta,
+            "response_length_mean": s_len / n,
+            "response_length_max": float(dist.all_reduce_max(lengths.max().cpu())),
+            "truncated_frac": s_trunc / n,
+            "advantage_mean": adv_mean,
+            "advantage_std": max(s_adv2 / n_tok - adv_mean**2, 0.0) ** 0.5,
+        }
+        if batch.values_old is not None and batch.returns is not None:
+            ev = explained_variance(batch.values_old, batch.returns, mask)
+            m["explained_variance"] = float(ev)
+            m["value_mean"] = float(batch.values_old.where(mask, 0).sum() / mf.sum())
+            m["return_mean"] = float(batch.returns.where(mask, 0).sum() / mf.sum())
+        return m
+
+    # ------------------------------------------------------------------------------------------
+    def train(self) -> list[dict[str, float]]:
+        """Run up to ``cfg.iterations`` (resuming first when ``cfg.resume``); returns the metrics logged."""
+        cfg = self.cfg
+        start = 0
+        if dist.is_main():
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.resume:
+            start = load_checkpoint(self, self.output_dir)
+            if dist.is_main():
+                truncate_jsonl(self.output_dir / "metrics.jsonl", start)
+                truncate_jsonl(self.output_dir / "samples.jsonl", start)
+        elif dist.is_main() and (self.output_dir / "metrics.jsonl").exists():
+            raise ConfigError(
+                f"`output_dir` {str(self.output_dir)!r} already holds a run: pass --resume to continue it, "
+                "or choose another --output-dir"
+            )
+        if dist.is_main():
+            dump_yaml(cfg, self.output_dir / "config.yaml")
+        logger = MetricsLogger(self.output_dir, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
+                               total=cfg.iterations) if dist.is_main() else None
+        history = []
+        try:
+            if logger:
+                logger.start(start)
+            for it in range(start + 1, cfg.iterations + 1):
+                metrics = self.train_iteration(it)
+                history.append(metrics)
+                if logger:
+                    logger.log(it, metrics)
+                    if cfg.log.sample_every and it % cfg.log.sample_every == 0:
+                        b = self._last_batch
+                        k = min(cfg.log.num_samples, b.size)
+                        logger.log_samples(it, [
+                            {"prompt": b.prompts[i], "response": b.responses[i], "score": float(b.scores[i])}
+                            for i in range(k)
+                        ])
+                if it == cfg.iterations or (cfg.log.save_every and it % cfg.log.save_every == 0):
+                    save_checkpoint(self, self.output_dir, it)
+        finally:
+            if logger:
+                logger.close()
+        return history
+
+    # RNG streams that a checkpoint must restore for a bit-exact resume.
+    def rng_state(self) -> dict:
+        return {
+            "sample_gen": self.sample_gen.get_state(), "shuffle_gen": self.shuffle_gen.get_state(),
+            "torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+        }
+
+    def set_rng_state(self, s: dict) -> None:
+        self.sample_gen.set_state(s["sample_gen"])
+        self.shuffle_gen.set_state(s["shuffle_gen"])
+        torch.set_rng_state(s["torch"])
+        random.setstate(s["python"])
+        np.random.set_state(s["numpy"])
+
+
+def builders_validate(cfg: TrainConfig) -> None:
+    from .validate import validate_config
+
+    validate_config(cfg, dist.world_size())
+

@@ -1,0 +1,215 @@
+"""Step 4 of the loop (SPEC §1.4): K epochs × minibatches × micro-batches of PPO updates."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .. import distributed as dist
+from ..algorithms import aggregate, kl_penalty, value_loss
+from ..models.actor_critic import CriticModel, PolicyModel
+from ..rollout.batch import RolloutBatch
+from .config import TrainConfig
+
+
+def _scheduler(name: str, opt: torch.optim.Optimizer, warmup: int, total: int):
+    from transformers import get_scheduler
+
+    kind = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "linear"}[name]
+    kwargs = {"num_warmup_steps": warmup}
+    if kind != "constant_with_warmup":
+        kwargs["num_training_steps"] = total
+    return get_scheduler(kind, opt, **kwargs)
+
+
+@dataclass
+class UpdateContext:
+    """Models, optimisers and schedules of the update. ``policy_fwd``/``critic_fwd`` are what runs the
+    forward (the module itself, or its DistributedDataParallel wrapper)."""
+
+    cfg: TrainConfig
+    policy: PolicyModel
+    critic: CriticModel | None
+    policy_fwd: nn.Module
+    critic_fwd: nn.Module | None
+    actor_params: list[nn.Parameter]
+    critic_params: list[nn.Parameter]
+    actor_opt: torch.optim.Optimizer
+    critic_opt: torch.optim.Optimizer | None
+    actor_sched: object
+    critic_sched: object | None
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, policy: PolicyModel, critic: CriticModel | None, device) -> UpdateContext:
+        o = cfg.optim
+        actor_params = [p for p in policy.lm.parameters() if p.requires_grad]
+        critic_params: list[nn.Parameter] = []
+        if policy.value_head is not None:
+            critic_params = list(policy.value_head.parameters())
+        elif critic is not None:
+            critic_params = [p for p in critic.parameters() if p.requires_grad]
+        adam = dict(betas=tuple(o.adam_betas), eps=o.adam_eps, weight_decay=o.weight_decay)
+        actor_opt = torch.optim.AdamW(actor_params, lr=o.actor_lr, **adam)
+        critic_opt = torch.optim.AdamW(critic_params, lr=o.critic_lr, **adam) if critic_params else None
+        total = cfg.iterations * o.epochs * o.num_minibatches
+        policy_fwd, critic_fwd = policy, critic
+        if dist.is_initialized():
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [device.index] if device.type == "cuda" else None
+            policy_fwd = DDP(policy, device_ids=ids, find_unused_parameters=policy.value_head is not None)
+            critic_fwd = DDP(critic, device_ids=ids) if critic is not None else None
+        return cls(
+            cfg, policy, critic, policy_fwd, critic_fwd, actor_params, critic_params, actor_opt, critic_opt,
+            _scheduler(o.schedule, actor_opt, o.warmup_steps, total),
+            _scheduler(o.schedule, critic_opt, o.warmup_steps, total) if critic_opt else None,
+        )
+
+
+class _Mean:
+    """Token-weighted running means of stats, reduced over ranks at the end."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, stats: dict[str, Tensor | float], weight: float) -> None:
+        for k, v in stats.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v) * weight
+            self.weights[k] = self.weights.get(k, 0.0) + weight
+
+    def result(self) -> dict[str, float]:
+        keys = sorted(self.sums)
+        if not keys:
+            return {}
+        t = dist.all_reduce_sum(torch.tensor([[self.sums[k], self.weights[k]] for k in keys], dtype=torch.float64))
+        return {k: float(s / w) if w else float("nan") for k, (s, w) in zip(keys, t.tolist())}
+
+
+def _grad_norm_and_clip(params: list[nn.Parameter], max_norm: float) -> float:
+    if not params:
+        return 0.0
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+
+def ppo_update(
+    ctx: UpdateContext,
+    batch: RolloutBatch,
+    policy_loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]],
+    shuffle_gen: torch.Generator,
+    *,
+    train_policy: bool = True,
+) -> dict[str, float]:
+    """Optimise the clipped surrogate and the value loss on a fixed rollout.
+
+    Each minibatch's loss is normalised by its token (or sequence) count over all micro-batches and
+    ranks, so accumulation and data parallelism give exactly the full-minibatch gradient.
+    Returns mean stats over all minibatches plus ``nonfinite_skipped`` (updates skipped).
+    """
+    cfg, a, o = ctx.cfg, ctx.cfg.algo, ctx.cfg.optim
+    world = dist.world_size()
+    B = batch.size
+    mb_size = B // o.num_minibatches
+    micro = o.micro_batch_size or mb_size
+    horizon = float(cfg.rollout.max_new_tokens)
+    temperature = cfg.rollout.temperature or 1.0
+    has_critic = batch.values_old is not None and ctx.critic_params
+    ent_grad = a.entropy_coef > 0
+    stats, skipped = _Mean(), 0
+    P = batch.prompt_width
+
+    for epoch in range(o.epochs):
+        perm = torch.randperm(B, generator=shuffle_gen).to(batch.input_ids.device)
+        for k in range(o.num_minibatches):
+            mb_idx = perm[k * mb_size : (k + 1) * mb_size]
+            mb_mask = batch.response_mask[mb_idx]
+            if a.loss_agg == "token-mean":
+                count = dist.all_reduce_sum(mb_mask.sum().double())
+            else:
+                count = dist.all_reduce_sum(torch.tensor(float(mb_idx.numel()), dtype=torch.float64))
+            # DDP averages gradients over ranks, so each rank divides by count/world.
+            denom = count / world
+            finite = True
+            for micro_idx in mb_idx.split(micro):
+                mbat = batch.select(micro_idx)
+                m = mbat.response_mask
+                # The entropy diagnostic is read on the first epoch only (no gradient unless c₂ > 0).
+                want_entropy = ent_grad or epoch == 0
+                out = ctx.policy_fwd(
+                    mbat.input_ids, mbat.attention_mask, P, temperature=temperature,
+                    with_entropy=want_entropy, entropy_grad=ent_grad,
+                    with_values=ctx.policy.value_head is not None and has_critic,
+                )
+                logp = out["logp"]
+                loss = torch.zeros((), device=logp.device)
+                step_stats: dict[str, Tensor | float] = {}
+                n_local = float(m.sum()) if a.loss_agg == "token-mean" else float(m.shape[0])
+                to_local = float(denom) / max(n_local, 1.0)  # loss (normalised by denom) → local mean
+
+                if train_policy:
+                    pl, ps = policy_loss_fn(
+                        logp, mbat.logp_old, mbat.advantages, m, clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
+                        dual_clip=a.dual_clip, agg=a.loss_agg, denominator=denom, horizon=horizon,
+                    )
+                    loss = loss + pl
+                    step_stats.update({"policy_loss": pl.detach() * to_local,
+                                       "approx_kl": ps["approx_kl"], "approx_kl_k3": ps["approx_kl_k3"],
+                                       "policy_clip_frac": ps["clip_frac"], "dual_clip_frac": ps["dual_clip_frac"],
+                                       "ratio_max": ps["ratio_max"]})
+                    if a.kl_in == "loss" and a.kl_coef > 0:
+                        kl = kl_penalty(logp, mbat.logp_ref, a.kl_estimator)
+                        kl_loss = aggregate(kl, m, a.loss_agg, denominator=denom, horizon=horizon)
+                        loss = loss + a.kl_coef * kl_loss
+                        step_stats["kl_loss"] = kl_loss.detach() * to_local
+                if ent_grad:
+                    ent = aggregate(out["entropy"], m, a.loss_agg, denominator=denom, horizon=horizon)
+                    loss = loss - a.entropy_coef * ent
+                if want_entropy:
+                    step_stats["entropy"] = out["entropy"].detach().where(m, 0).sum() / m.sum()
+                if has_critic:
+                    values = out["values"] if ctx.policy.value_head is not None else ctx.critic_fwd(
+                        mbat.input_ids, mbat.attention_mask, P)
+                    vl, vs = value_loss(values[:, :-1], mbat.values_old, mbat.returns, m,
+                                        clip_eps=a.value_clip_eps, agg=a.loss_agg, denominator=denom, horizon=horizon)
+                    loss = loss + a.vf_coef * vl
+                    step_stats["value_loss"] = vl.detach() * to_local
+                    step_stats["value_clip_frac"] = vs["clip_frac"]
+                if not bool(torch.isfinite(loss)):
+                    finite = False
+                    break
+                loss.backward()
+                stats.add(step_stats, n_local)
+            finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)) == 0)
+            if not finite:
+                skipped += 1
+                ctx.actor_opt.zero_grad(set_to_none=True)
+                if ctx.critic_opt:
+                    ctx.critic_opt.zero_grad(set_to_none=True)
+                continue
+            grads = {}
+            if train_policy:
+                grads["grad_norm_actor"] = _grad_norm_and_clip(ctx.actor_params, o.max_grad_norm)
+                ctx.actor_opt.step()
+            if ctx.critic_opt is not None and has_critic:
+                grads["grad_norm_critic"] = _grad_norm_and_clip(ctx.critic_params, o.max_grad_norm)
+                ctx.critic_opt.step()
+            ctx.actor_opt.zero_grad(set_to_none=True)
+            if ctx.critic_opt:
+                ctx.critic_opt.zero_grad(set_to_none=True)
+            if math.isfinite(sum(grads.values())):
+                stats.add(grads, 1.0)
+            # Schedules advance per optimiser step whether or not the policy trains (critic warm-up).
+            ctx.actor_sched.step()
+            if ctx.critic_sched is not None:
+                ctx.critic_sched.step()
+    result = stats.result()
+    result["lr_actor"] = ctx.actor_opt.param_groups[0]["lr"]
+    if ctx.critic_opt is not None:
+        result["lr_critic"] = ctx.critic_opt.param_groups[0]["lr"]
+    result["nonfinite_skipped"] = float(skipped)
+    return result
+

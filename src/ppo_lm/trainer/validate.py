@@ -1,0 +1,89 @@
+"""Start-up checks of a TrainConfig: fail in the first second with the field name and the fix."""
+
+from __future__ import annotations
+
+from ..algorithms import get_advantage_estimator
+from .config import TrainConfig
+from .config_io import ConfigError, check_types
+
+
+def _unit(name: str, v: float | None, *, open_low: bool = False) -> None:
+    if v is None:
+        return
+    if not (0.0 < v <= 1.0 if open_low else 0.0 <= v <= 1.0):
+        bound = "(0, 1]" if open_low else "[0, 1]"
+        raise ConfigError(f"`{name}` must lie in {bound}, got {v}")
+
+
+def _pos(name: str, v: float | None, *, allow_zero: bool = False) -> None:
+    if v is None:
+        return
+    if not (v >= 0 if allow_zero else v > 0):
+        raise ConfigError(f"`{name}` must be {'>= 0' if allow_zero else '> 0'}, got {v}")
+
+
+def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
+    """Raise :class:`ConfigError` naming the first bad field."""
+    check_types(cfg)
+    r, a, o, log = cfg.rollout, cfg.algo, cfg.optim, cfg.log
+    if cfg.iterations < 1:
+        raise ConfigError(f"`iterations` must be >= 1, got {cfg.iterations}")
+    for name, v in [("rollout.num_prompts", r.num_prompts), ("rollout.samples_per_prompt", r.samples_per_prompt),
+                    ("rollout.max_new_tokens", r.max_new_tokens), ("optim.epochs", o.epochs),
+                    ("optim.num_minibatches", o.num_minibatches)]:
+        if v < 1:
+            raise ConfigError(f"`{name}` must be >= 1, got {v}")
+    _pos("rollout.temperature", r.temperature)
+    _unit("rollout.top_p", r.top_p, open_low=True)
+    _pos("rollout.top_k", r.top_k, allow_zero=True)
+    _pos("rollout.forward_batch_size", r.forward_batch_size, allow_zero=True)
+    _unit("algo.gamma", a.gamma)
+    _unit("algo.gae_lambda", a.gae_lambda)
+    _unit("algo.critic_lambda", a.critic_lambda)
+    _pos("algo.adaptive_lambda_alpha", a.adaptive_lambda_alpha)
+    _pos("algo.kl_coef", a.kl_coef, allow_zero=True)
+    _pos("algo.adaptive_kl_target", a.adaptive_kl_target)
+    _pos("algo.adaptive_kl_horizon", a.adaptive_kl_horizon)
+    _pos("algo.clip_eps", a.clip_eps)
+    _pos("algo.clip_eps_high", a.clip_eps_high)
+    _pos("algo.value_clip_eps", a.value_clip_eps)
+    _pos("algo.vf_coef", a.vf_coef, allow_zero=True)
+    _pos("algo.entropy_coef", a.entropy_coef, allow_zero=True)
+    if a.dual_clip is not None and not a.dual_clip > 1:
+        raise ConfigError(f"`algo.dual_clip` must be > 1 (or null to disable), got {a.dual_clip}")
+    for name, v in [("optim.actor_lr", o.actor_lr), ("optim.critic_lr", o.critic_lr),
+                    ("optim.max_grad_norm", o.max_grad_norm), ("optim.adam_eps", o.adam_eps)]:
+        _pos(name, v)
+    _pos("optim.weight_decay", o.weight_decay, allow_zero=True)
+    for i, b in enumerate(o.adam_betas):
+        if not 0 <= b < 1:
+            raise ConfigError(f"`optim.adam_betas[{i}]` must lie in [0, 1), got {b}")
+    if o.max_nonfinite_in_row < 1:
+        raise ConfigError(f"`optim.max_nonfinite_in_row` must be >= 1, got {o.max_nonfinite_in_row}")
+    if not 0 <= cfg.model.value_grad_scale <= 1:
+        raise ConfigError(f"`model.value_grad_scale` must lie in [0, 1], got {cfg.model.value_grad_scale}")
+    if log.keep_last < 1:
+        raise ConfigError(f"`log.keep_last` must be >= 1, got {log.keep_last}")
+
+    spec = get_advantage_estimator(a.estimator)
+    if spec.needs_groups and r.samples_per_prompt < 2:
+        raise ConfigError(
+            f"`algo.estimator`={a.estimator!r} compares samples of the same prompt: set "
+            f"`rollout.samples_per_prompt` >= 2 (got {r.samples_per_prompt})"
+        )
+    if r.num_prompts % world_size:
+        raise ConfigError(
+            f"`rollout.num_prompts`={r.num_prompts} must be divisible by the number of processes ({world_size})"
+        )
+    local = r.num_prompts // world_size * r.samples_per_prompt
+    if local % o.num_minibatches:
+        raise ConfigError(
+            f"`optim.num_minibatches`={o.num_minibatches} must divide the episodes per process "
+            f"(rollout.num_prompts/world_size × samples_per_prompt = {local})"
+        )
+    mb = local // o.num_minibatches
+    if o.micro_batch_size < 0 or (o.micro_batch_size and mb % o.micro_batch_size):
+        raise ConfigError(
+            f"`optim.micro_batch_size`={o.micro_batch_size} must divide the minibatch size per process "
+            f"({mb}); use 0 for no gradient accumulation"
+        )
