@@ -1,2 +1,88 @@
-def main(argv=None):
-    raise SystemExit("not yet")
+"""Command line: ``ppo-lm {train,sft,rm,demo,bench} [--config FILE.yaml] [--section.field VALUE ...]``.
+
+Precedence: dataclass defaults < YAML file given by ``--config`` < flags. Flags mirror the config
+nesting with dashes: ``--algo.gae-lambda 0.9``, ``--rollout.max-new-tokens 16``, ``--resume``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _parse(cls: type, argv: list[str], prog: str, description: str):
+    import tyro
+
+    from .trainer.config_io import ConfigError, load_yaml
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    known, rest = pre.parse_known_args(argv)
+    try:
+        default = load_yaml(known.config, cls) if known.config else cls()
+    except ConfigError as e:
+        raise SystemExit(f"ppo-lm: error: {e}") from None
+    return tyro.cli(cls, args=rest, default=default, prog=prog, description=description + "\n\n--config FILE.yaml  "
+                    "YAML file whose values override the defaults (flags override the file)")
+
+
+def _run(fn: Callable[[], object]) -> int:
+    from .rollout.reward import RewardError
+    from .trainer.config_io import ConfigError
+    from .trainer.ppo import NonFiniteLossError
+
+    try:
+        fn()
+    except (ConfigError, RewardError, NonFiniteLossError) as e:
+        print(f"ppo-lm: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ppo-lm: interrupted; the last checkpoint in the output directory is intact (resume with --resume)",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_train(argv: list[str]) -> int:
+    from .trainer.config import TrainConfig
+
+    cfg = _parse(TrainConfig, argv, "ppo-lm train", "Train a policy with PPO (or GRPO/RLOO/REINFORCE++).")
+
+    def go():
+        from .trainer.ppo import PPOTrainer
+
+        PPOTrainer(cfg).train()
+        from . import distributed as dist
+
+        if dist.is_main():
+            print(f"done: {cfg.output_dir}")
+        dist.destroy()
+
+    return _run(go)
+
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("ppo_lm.cli:cmd_train", "PPO / critic-free RL training"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: ppo-lm COMMAND [--config FILE.yaml] [--section.field VALUE ...]\n\ncommands:")
+        for name, (_, help_) in COMMANDS.items():
+            print(f"  {name:8s} {help_}")
+        print("\nRun `ppo-lm COMMAND --help` for the options of a command.")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"ppo-lm: error: unknown command {name!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    import importlib
+
+    mod, fn = COMMANDS[name][0].split(":")
+    return getattr(importlib.import_module(mod), fn)(rest)

@@ -30,6 +30,9 @@ def save_checkpoint(tr: PPOTrainer, output_dir: Path, iteration: int) -> Path | 
     final = None
     rng_per_rank = dist.all_gather_object(tr.rng_state())
     if dist.is_main():
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # keep the trainer's own progress bar readable
         tmp, final = ckpt.begin(output_dir, iteration)
         tr.policy.lm.save_pretrained(tmp / "policy", safe_serialization=True)
         tr.tokenizer.save_pretrained(tmp / "policy")

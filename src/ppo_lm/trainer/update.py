@@ -55,7 +55,9 @@ class UpdateContext:
         adam = dict(betas=tuple(o.adam_betas), eps=o.adam_eps, weight_decay=o.weight_decay)
         actor_opt = torch.optim.AdamW(actor_params, lr=o.actor_lr, **adam)
         critic_opt = torch.optim.AdamW(critic_params, lr=o.critic_lr, **adam) if critic_params else None
-        total = cfg.iterations * o.epochs * o.num_minibatches
+        steps_per_iteration = o.epochs * o.num_minibatches
+        total = cfg.iterations * steps_per_iteration
+        actor_total = max(cfg.iterations - o.critic_warmup_iterations, 1) * steps_per_iteration
         policy_fwd, critic_fwd = policy, critic
         if dist.is_initialized():
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -65,7 +67,7 @@ class UpdateContext:
             critic_fwd = DDP(critic, device_ids=ids) if critic is not None else None
         return cls(
             cfg, policy, critic, policy_fwd, critic_fwd, actor_params, critic_params, actor_opt, critic_opt,
-            _scheduler(o.schedule, actor_opt, o.warmup_steps, total),
+            _scheduler(o.schedule, actor_opt, o.warmup_steps, actor_total),
             _scheduler(o.schedule, critic_opt, o.warmup_steps, total) if critic_opt else None,
         )
 
@@ -202,9 +204,10 @@ def ppo_update(
                 ctx.critic_opt.zero_grad(set_to_none=True)
             if math.isfinite(sum(grads.values())):
                 stats.add(grads, 1.0)
-            # Schedules advance per optimiser step whether or not the policy trains (critic warm-up).
-            ctx.actor_sched.step()
-            if ctx.critic_sched is not None:
+            # Each schedule counts its own optimiser's steps (the actor's skip the critic warm-up).
+            if train_policy:
+                ctx.actor_sched.step()
+            if ctx.critic_sched is not None and has_critic:
                 ctx.critic_sched.step()
     result = stats.result()
     result["lr_actor"] = ctx.actor_opt.param_groups[0]["lr"]
