@@ -227,4 +227,8 @@ def reinforce_pp_advantages(
 def broadcast_to_tokens(seq_values: Tensor, mask: Tensor) -> Tensor:
     """Put one value per response on each of its valid tokens: (B,) → (B, T), 0 on padding."""
     m = check_mask(mask)
+    if seq_values.shape != (m.shape[0],):
+        raise ValueError(
+            f"`seq_values` must have shape ({m.shape[0]},) (one value per response), got {tuple(seq_values.shape)}"
+        )
     return seq_values.unsqueeze(1).expand(m.shape).where(m, 0).to(seq_values.dtype)

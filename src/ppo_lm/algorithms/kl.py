@@ -6,6 +6,7 @@ Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences" (adapt
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ._checks import check_mask, check_positive, check_same_shape
@@ -29,7 +30,8 @@ def kl_penalty(logp: Tensor, logp_ref: Tensor, kind: str = "k1") -> Tensor:
     if kind == "k2":
         return 0.5 * d.square()
     if kind == "k3":
-        return (-d).exp() - 1 + d
+        # expm1 avoids the cancellation in e^{-d} − 1, which makes k3 noisy and negative for small d.
+        return torch.expm1(-d) + d
     raise ValueError(f"`kind` must be one of {KL_ESTIMATORS}, got {kind!r}")
 
 
@@ -57,6 +59,8 @@ def shape_rewards(
         raise ValueError(f"`scores` must have shape ({m.shape[0]},), got {tuple(scores.shape)}")
     if float(kl_coef) < 0:
         raise ValueError(f"`kl_coef` must be >= 0, got {kl_coef}")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"`kl_estimator` must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
     lengths = m.sum(1)
     if bool((lengths == 0).any()):
         raise ValueError("`mask` has an empty row: every response needs at least one token to carry its score")

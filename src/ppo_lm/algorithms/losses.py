@@ -41,6 +41,7 @@ def aggregate(
     Args:
         x, mask: (B, T). Returns a 0-dim tensor.
     """
+    check_same_shape("x", x, mask=mask)
     m = check_mask(mask)
     xm = x.where(m, 0)
     if mode == "token-mean":
@@ -114,7 +115,7 @@ def policy_loss(
         stats["dual_clip_frac"] = torch.zeros((), dtype=logp.dtype, device=logp.device)
     d = log_ratio.detach()
     stats["approx_kl"] = _token_mean(0.5 * d.square(), m)
-    stats["approx_kl_k3"] = _token_mean((-d).exp() - 1 + d, m)
+    stats["approx_kl_k3"] = _token_mean(torch.expm1(-d) + d, m)
     stats["ratio_mean"] = _token_mean(ratio.detach(), m)
     stats["ratio_max"] = ratio.detach().where(m, float("-inf")).max().clamp_min(0)
     loss = aggregate(losses, m, agg, denominator=denominator, horizon=horizon)
@@ -147,7 +148,7 @@ def pg_loss(
         "clip_frac": zero,
         "dual_clip_frac": zero,
         "approx_kl": _token_mean(0.5 * d.square(), m),
-        "approx_kl_k3": _token_mean((-d).exp() - 1 + d, m),
+        "approx_kl_k3": _token_mean(torch.expm1(-d) + d, m),
         "ratio_mean": _token_mean(ratio.detach(), m),
         "ratio_max": ratio.detach().where(m, float("-inf")).max().clamp_min(0),
     }
@@ -191,7 +192,9 @@ def value_loss(
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the categorical distribution softmax(logits): (..., V) → (...)."""
     logp = torch.log_softmax(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits, -1)
-    return -(logp.exp() * logp).sum(-1)
+    p = logp.exp()
+    # 0·log 0 = 0: zero-probability entries (e.g. -inf logits) must not turn the sum into NaN.
+    return -(p * logp.masked_fill(p == 0, 0)).sum(-1)
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:

@@ -73,7 +73,9 @@ def _gae_estimator(
     kw = dict(gamma=s.gamma, terminated=x.terminated, bootstrap_values=x.bootstrap_values)
     advantages, returns = gae(x.rewards, x.values, x.mask, lam=lam_actor, **kw)
     critic_lam = s.lam if s.critic_lam is None else s.critic_lam
-    if x.critic_rewards is not None or critic_lam != lam_actor or isinstance(lam_actor, Tensor):
+    # isinstance first: comparing a float to a (B,) λ tensor gives a tensor whose truth value is
+    # ambiguous (RuntimeError for B > 1).
+    if isinstance(lam_actor, Tensor) or x.critic_rewards is not None or critic_lam != lam_actor:
         crit_r = x.rewards if x.critic_rewards is None else x.critic_rewards
         _, returns = gae(crit_r, x.values, x.mask, lam=critic_lam, **kw)
     return advantages, returns

@@ -1,0 +1,171 @@
+"""Bad input fails at start-up with a message naming the field (SPEC: config load and data load)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from trainer_helpers import count_sevens, tiny_config
+
+from ppo_lm.cli import main
+from ppo_lm.rollout.reward import RewardError
+from ppo_lm.trainer.config import TrainConfig
+from ppo_lm.trainer.config_io import ConfigError, from_dict, load_yaml
+from ppo_lm.trainer.ppo import NonFiniteLossError, PPOTrainer
+from ppo_lm.trainer.validate import validate_config
+
+
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"optim__num_minibatches": 3}, "num_minibatches"),
+        ({"optim__micro_batch_size": 3}, "micro_batch_size"),
+        ({"rollout__top_p": 1.5}, "top_p"),
+        ({"rollout__top_p": 0.0}, "top_p"),
+        ({"algo__gamma": -0.1}, "gamma"),
+        ({"algo__gae_lambda": 1.2}, "gae_lambda"),
+        ({"algo__critic_lambda": 2.0}, "critic_lambda"),
+        ({"algo__clip_eps": 0.0}, "clip_eps"),
+        ({"algo__dual_clip": 1.0}, "dual_clip"),
+        ({"algo__estimator": "ppo2"}, "estimator"),
+        ({"algo__estimator": "grpo"}, "samples_per_prompt"),
+        ({"rollout__temperature": -1.0}, "temperature"),
+        ({"iterations": 0}, "iterations"),
+        ({"model__value_grad_scale": 2.0}, "value_grad_scale"),
+    ],
+)
+def test_config_errors_name_the_field(tmp_path, overrides, field):
+    with pytest.raises(ConfigError, match=field):
+        validate_config(tiny_config(tmp_path, **overrides))
+
+
+def test_world_size_must_divide_prompts(tmp_path):
+    with pytest.raises(ConfigError, match="num_prompts"):
+        validate_config(tiny_config(tmp_path, rollout__num_prompts=9), world_size=2)
+
+
+def test_yaml_unknown_field_suggests_the_closest(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("algo:\n  gae_lamda: 0.9\n")
+    with pytest.raises(ConfigError, match="algo.gae_lamda.*gae_lambda"):
+        load_yaml(p, TrainConfig)
+    with pytest.raises(ConfigError, match="algo.kl_estimator"):
+        from_dict(TrainConfig, {"algo": {"kl_estimator": "k9"}})
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
+        from_dict(TrainConfig, {"rollout": {"max_new_tokens": "many"}})
+    with pytest.raises(ConfigError, match="not found"):
+        load_yaml(tmp_path / "missing.yaml", TrainConfig)
+
+
+def test_cli_yaml_then_flags_override(tmp_path, capsys):
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "iterations: 1\nmodel:\n  builtin_hidden_size: 32\nrollout:\n  num_prompts: 4\n  max_new_tokens: 3\n"
+        "algo:\n  gae_lambda: 0.5\noptim:\n  epochs: 1\nlog:\n  progress: false\n  tensorboard: false\n"
+    )
+    out = tmp_path / "run"
+    rc = main(["train", "--config", str(p), "--output-dir", str(out), "--algo.gae-lambda", "0.8", "--seed", "3"])
+    assert rc == 0
+    saved = (out / "config.yaml").read_text()
+    assert "gae_lambda: 0.8" in saved and "seed: 3" in saved and "num_prompts: 4" in saved
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 1
+    # an existing run is not overwritten without --resume
+    assert main(["train", "--config", str(p), "--output-dir", str(out)]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_cli_bad_value_exits_with_message(tmp_path, capsys):
+    assert main(["train", "--output-dir", str(tmp_path / "r"), "--algo.gae-lambda", "1.5"]) == 2
+    assert "algo.gae_lambda" in capsys.readouterr().err
+
+
+def test_missing_prompt_file_and_column(tmp_path):
+    with pytest.raises(ConfigError, match="nope.jsonl"):
+        PPOTrainer(tiny_config(tmp_path, data__prompts=str(tmp_path / "nope.jsonl")))
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"question": "Solve x+1=2\n"}) + "\n")
+    with pytest.raises(ConfigError, match="prompt"):
+        PPOTrainer(tiny_config(tmp_path, data__prompts=str(f)))
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="empty"):
+        PPOTrainer(tiny_config(tmp_path, data__prompts=str(empty)))
+
+
+def test_prompt_longer_than_context(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "Solve " + "1" * 300 + "x=2\n"}) + "\n")
+    with pytest.raises(ConfigError, match="tokens"):
+        PPOTrainer(tiny_config(tmp_path, data__prompts=str(f)))
+
+
+def test_jsonl_prompts_extra_columns_reach_verifier(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"Solve x+{i}=9\n", "tag": f"t{i}"}) + "\n" for i in range(8)))
+    seen = {}
+
+    def verifier(prompts, responses, tag, **kw):
+        seen["tag"] = list(tag)
+        seen["prompts"] = list(prompts)
+        return [0.0] * len(prompts)
+
+    tr = PPOTrainer(tiny_config(tmp_path, data__prompts=str(f)), verifier=verifier)
+    tr.train_iteration(1)
+    assert len(seen["tag"]) == 8
+    assert all(p == f"Solve x+{t[1:]}=9\n" for p, t in zip(seen["prompts"], seen["tag"]))
+
+
+def test_tokenizer_pad_checks(tmp_path):
+    from ppo_lm.tasks.equations import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.pad_token = tok.eos_token
+    with pytest.raises(ConfigError, match="pad token equals its EOS"):
+        PPOTrainer(tiny_config(tmp_path), tokenizer=tok)
+    tok2 = build_tokenizer()
+    tok2.pad_token = None
+    with pytest.raises(ConfigError, match="no pad token.*model.pad_token"):
+        PPOTrainer(tiny_config(tmp_path), tokenizer=tok2)
+
+
+@pytest.mark.parametrize(
+    "verifier,match",
+    [
+        (lambda p, r, **k: 1 / 0, "(?s)ZeroDivisionError.*Solve"),
+        (lambda p, r, **k: [math.nan] * len(p), "nan for prompt 'Solve"),
+        (lambda p, r, **k: [1.0], "returned 1 scores for 8"),
+        (lambda p, r, **k: None, "list of numbers"),
+    ],
+)
+def test_bad_reward_function_stops_with_prompt(tmp_path, verifier, match):
+    tr = PPOTrainer(tiny_config(tmp_path), verifier=verifier)
+    with pytest.raises(RewardError, match=match):
+        tr.train_iteration(1)
+
+
+def test_unknown_reward_spec(tmp_path):
+    with pytest.raises(ConfigError, match="model.reward"):
+        PPOTrainer(tiny_config(tmp_path, model__reward="no_such_module_xyz:fn"))
+
+
+def test_nonfinite_loss_is_skipped_then_stops(tmp_path):
+    import torch
+
+    tr = PPOTrainer(tiny_config(tmp_path, iterations=5, optim__max_nonfinite_in_row=2), verifier=count_sevens)
+    real = tr.policy_loss_fn
+    calls = {"n": 0}
+
+    def nan_loss(logp, *a, **k):
+        loss, stats = real(logp, *a, **k)
+        calls["n"] += 1
+        return loss * torch.tensor(float("nan")), stats
+
+    before = [p.detach().clone() for p in tr.policy.lm.parameters()]
+    tr.policy_loss_fn = nan_loss
+    with pytest.raises(NonFiniteLossError, match="non-finite"):
+        tr.train()
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.policy.lm.parameters()))  # nothing applied
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines() if (tmp_path / "metrics.jsonl").exists() else []
+    assert len(rows) == 0  # it stopped within the first iteration (2 minibatches × 2 epochs all skipped)
