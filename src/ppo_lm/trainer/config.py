@@ -53,6 +53,9 @@ class RolloutConfig:
     """Prompts per iteration over all ranks; each is sampled ``samples_per_prompt`` times."""
     samples_per_prompt: int = 1
     max_new_tokens: int = 8
+    min_new_tokens: int = 0
+    """Stop tokens cannot be sampled before this many response tokens (= max_new_tokens gives
+    fixed-length responses, as in the W1 benchmark)."""
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0

@@ -97,6 +97,7 @@ class PPOTrainer:
         self.sampling = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
             top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=tuple(stop_ids),
+            min_new_tokens=cfg.rollout.min_new_tokens,
         )
 
         # Optimisers, schedules, KL controller, RNG streams: everything a checkpoint restores.
@@ -127,18 +128,33 @@ class PPOTrainer:
         return rows
 
     def train_iteration(self, iteration: int) -> dict[str, float]:
-        cfg, a = self.cfg, self.cfg.algo
+        """One PPO iteration: rollout, then :meth:`learn` from it. Returns the iteration's metrics."""
         timings: dict[str, float] = {}
         t_start = time.perf_counter()
+        batch = self.rollout(iteration, timings)
+        return self.learn(batch, iteration, timings, t_start)
 
+    def rollout(self, iteration: int, timings: dict[str, float] | None = None) -> RolloutBatch:
         # 1. Rollout: sample with π_old, then score with π_old, π_ref, V_old and the reward.
-        batch = collect_rollout(
+        cfg = self.cfg
+        return collect_rollout(
             RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.reward_model, self.verifier),
             self.tokenizer, self.prompts_for(iteration), prompt_column=cfg.data.prompt_column,
             sampling=self.sampling, samples_per_prompt=cfg.rollout.samples_per_prompt,
             generator=self.sample_gen, forward_batch_size=cfg.rollout.forward_batch_size,
             missing_eos_penalty=cfg.rollout.missing_eos_penalty, device=self.device, timings=timings,
         )
+
+    def learn(
+        self, batch: RolloutBatch, iteration: int, timings: dict[str, float] | None = None,
+        t_start: float | None = None,
+    ) -> dict[str, float]:
+        """Steps 2–5 on this rank's share of a rollout; statistics are global over ranks."""
+        cfg, a = self.cfg, self.cfg.algo
+        timings = dict(timings or {})
+        timings.setdefault("generate_s", 0.0)
+        timings.setdefault("score_s", 0.0)
+        t_start = time.perf_counter() if t_start is None else t_start
 
         # 2. Shaped reward: r_t = −β·kl_t, plus the score at the last token (KL in the reward), or
         #    the score alone when the KL is a loss term.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,6 +93,16 @@ class _Mean:
         return {k: float(s / w) if w else float("nan") for k, (s, w) in zip(keys, t.tolist())}
 
 
+def _no_sync(ctx: UpdateContext, *, skip: bool):
+    """DDP's no_sync for every wrapped model when ``skip`` (gradient accumulation), else a no-op."""
+    stack = contextlib.ExitStack()
+    if skip:
+        for m in (ctx.policy_fwd, ctx.critic_fwd):
+            if m is not None and hasattr(m, "no_sync"):
+                stack.enter_context(m.no_sync())
+    return stack
+
+
 def _grad_norm_and_clip(params: list[nn.Parameter], max_norm: float) -> float:
     if not params:
         return 0.0
@@ -136,18 +147,25 @@ def ppo_update(
             # DDP averages gradients over ranks, so each rank divides by count/world.
             denom = count / world
             finite = True
-            for micro_idx in mb_idx.split(micro):
+            micro_batches = mb_idx.split(micro)
+            for j, micro_idx in enumerate(micro_batches):
                 mbat = batch.select(micro_idx)
                 m = mbat.response_mask
+                # Gradients are all-reduced once per minibatch, on its last micro-batch.
+                sync = _no_sync(ctx, skip=j < len(micro_batches) - 1)
+                sync.__enter__()
                 # The entropy diagnostic is read on the first epoch only (no gradient unless c₂ > 0).
                 want_entropy = ent_grad or epoch == 0
-                out = ctx.policy_fwd(
-                    mbat.input_ids, mbat.attention_mask, P, temperature=temperature,
-                    with_entropy=want_entropy, entropy_grad=ent_grad,
-                    with_values=ctx.policy.value_head is not None and has_critic,
-                )
-                logp = out["logp"]
-                loss = torch.zeros((), device=logp.device)
+                shared_values = ctx.policy.value_head is not None and has_critic
+                out = {}
+                if train_policy or shared_values:
+                    out = ctx.policy_fwd(
+                        mbat.input_ids, mbat.attention_mask, P, temperature=temperature,
+                        with_entropy=want_entropy and train_policy, entropy_grad=ent_grad,
+                        with_values=shared_values,
+                    )
+                logp = out.get("logp")
+                loss = torch.zeros((), device=m.device)
                 step_stats: dict[str, Tensor | float] = {}
                 n_local = float(m.sum()) if a.loss_agg == "token-mean" else float(m.shape[0])
                 to_local = float(denom) / max(n_local, 1.0)  # loss (normalised by denom) → local mean
@@ -167,10 +185,10 @@ def ppo_update(
                         kl_loss = aggregate(kl, m, a.loss_agg, denominator=denom, horizon=horizon)
                         loss = loss + a.kl_coef * kl_loss
                         step_stats["kl_loss"] = kl_loss.detach() * to_local
-                if ent_grad:
+                if ent_grad and train_policy:
                     ent = aggregate(out["entropy"], m, a.loss_agg, denominator=denom, horizon=horizon)
                     loss = loss - a.entropy_coef * ent
-                if want_entropy:
+                if "entropy" in out:
                     step_stats["entropy"] = out["entropy"].detach().where(m, 0).sum() / m.sum()
                 if has_critic:
                     values = out["values"] if ctx.policy.value_head is not None else ctx.critic_fwd(
@@ -180,11 +198,15 @@ def ppo_update(
                     loss = loss + a.vf_coef * vl
                     step_stats["value_loss"] = vl.detach() * to_local
                     step_stats["value_clip_frac"] = vs["clip_frac"]
-                if not bool(torch.isfinite(loss)):
-                    finite = False
-                    break
-                loss.backward()
-                stats.add(step_stats, n_local)
+                # A non-finite loss still runs backward, so every rank takes part in the same
+                # gradient all-reduces; the whole minibatch's gradient is then discarded below.
+                loss_finite = bool(torch.isfinite(loss))
+                finite = finite and loss_finite
+                if loss.requires_grad:
+                    loss.backward()
+                sync.__exit__(None, None, None)
+                if loss_finite:
+                    stats.add(step_stats, n_local)
             finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)) == 0)
             if not finite:
                 skipped += 1
