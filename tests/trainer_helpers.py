@@ -28,3 +28,8 @@ def tiny_config(output_dir, **overrides) -> TrainConfig:
 def count_sevens(prompts, responses, **columns):
     """Toy reward a tiny model learns in seconds: the share of '7' characters in the response."""
     return [r.count("7") / 4 for r in responses]
+
+
+def length_reward(prompts, responses, **columns):
+    """Dense toy reward that varies across any sampled batch: the response length."""
+    return [len(r) / 4 for r in responses]

@@ -1,0 +1,61 @@
+"""Run under torchrun by test_distributed.py (also importable for the single-process reference).
+
+``python -m torch.distributed.run --nproc-per-node 2 tests/dist_worker.py OUT_DIR`` runs one PPO
+learning step on this rank's half of a fixed rollout and saves the updated weights from rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from trainer_helpers import length_reward, tiny_config  # noqa: E402
+
+from ppo_lm import distributed as dist  # noqa: E402
+from ppo_lm.trainer.ppo import PPOTrainer  # noqa: E402
+
+
+def build(out_dir: str, critic: str = "separate") -> PPOTrainer:
+    cfg = tiny_config(out_dir, rollout__num_prompts=8, rollout__max_new_tokens=6, optim__epochs=2,
+                      optim__num_minibatches=1, optim__micro_batch_size=2, model__critic=critic)
+    cfg.threads = 1
+    cfg.rollout.stop_tokens = list("0123456789")  # ~12% stop chance per step: varied lengths
+    return PPOTrainer(cfg, verifier=length_reward)
+
+
+def fixed_rollout(tr: PPOTrainer):
+    """The same 8-episode rollout in every process (fixed seed, no dependence on rank)."""
+    tr.sample_gen.manual_seed(1234)
+    saved = (tr.rank, tr.world)
+    tr.rank, tr.world = 0, 1  # every process samples the full global batch
+    batch = tr.rollout(1)
+    tr.rank, tr.world = saved
+    return batch
+
+
+def weights(tr: PPOTrainer) -> dict[str, torch.Tensor]:
+    out = {f"policy.{k}": v.detach().clone() for k, v in tr.policy.state_dict().items()}
+    if tr.critic is not None:
+        out.update({f"critic.{k}": v.detach().clone() for k, v in tr.critic.state_dict().items()})
+    return out
+
+
+def main() -> None:
+    out_dir, critic = sys.argv[1], sys.argv[2]
+    tr = build(out_dir, critic)
+    batch = fixed_rollout(tr)
+    B = batch.size
+    r, w = dist.rank(), dist.world_size()
+    share = batch.select(torch.arange(r * B // w, (r + 1) * B // w), trim=False)
+    metrics = tr.learn(share, 1)
+    if dist.is_main():
+        os.makedirs(out_dir, exist_ok=True)
+        torch.save({"weights": weights(tr), "metrics": metrics}, os.path.join(out_dir, "result.pt"))
+    dist.destroy()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Data-parallel PPO under torchrun (gloo, 2 CPU processes) equals one process on the whole batch."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from dist_worker import build, fixed_rollout, weights
+
+from ppo_lm.trainer.checkpoint import latest_checkpoint
+
+HERE = Path(__file__).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(args: list[str], timeout: float, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE), **(env_extra or {}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("critic", ["separate", "shared"])
+def test_two_ranks_match_one_process(tmp_path, critic):
+    proc = _torchrun([str(HERE / "dist_worker.py"), str(tmp_path / "dp"), critic], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dp = torch.load(tmp_path / "dp" / "result.pt", weights_only=False)
+
+    torch.set_num_threads(1)
+    tr = build(str(tmp_path / "single"), critic)
+    batch = fixed_rollout(tr)
+    lengths = batch.response_mask.sum(1)
+    assert lengths[:4].sum() != lengths[4:].sum(), "ranks must hold different token counts"
+    single_metrics = tr.learn(batch, 1)
+    single = weights(tr)
+
+    init = weights(build(str(tmp_path / "init"), critic))
+    moved = max(float((single[k] - init[k]).abs().max()) for k in single)
+    assert moved > 1e-4, "the update must change the weights for the comparison to mean anything"
+    assert single.keys() == dp["weights"].keys()
+    for k in single:
+        assert torch.allclose(single[k], dp["weights"][k], atol=1e-5, rtol=0), k
+    for k in ("policy_loss", "value_loss", "approx_kl", "entropy", "score", "ref_kl", "advantage_std"):
+        if k in single_metrics:
+            assert abs(single_metrics[k] - dp["metrics"][k]) < 1e-4, k
+
+
+def test_rank_crash_stops_all_and_keeps_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = _torchrun(
+        ["-m", "ppo_lm", "train", "--output-dir", str(out), "--iterations", "4", "--model.builtin-hidden-size", "32",
+         "--rollout.num-prompts", "8", "--rollout.max-new-tokens", "4", "--optim.epochs", "1",
+         "--log.save-every", "1", "--log.no-progress", "--log.no-tensorboard",
+         "--model.reward", "flaky_reward:crash_on_rank1"],
+        timeout=240,
+    )
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert "injected failure on rank 1" in proc.stderr
+    assert elapsed < 180
+    found = latest_checkpoint(out)
+    assert found is not None and found[0] == 1
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(found[1] / "policy")  # still loadable
