@@ -100,18 +100,25 @@ class CriticModel(nn.Module):
         return head(hidden[:, prompt_width - 1 :]).squeeze(-1).float()
 
 
-@torch.no_grad()
-def sequence_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, last_index: Tensor) -> Tensor:
+REWARD_MEAN_KEY = "ppo_lm_reward_mean"
+REWARD_STD_KEY = "ppo_lm_reward_std"
+
+
+def sequence_scores(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, last_index: Tensor, *, normalize: bool = True
+) -> Tensor:
     """Scalar score of a sequence-classification model read at ``last_index`` (B,) of each row.
 
-    Applies the normalisation stored by ``ppo-lm rm`` (``config.ppo_lm_reward_mean/std``) if present.
+    The head runs only at the scored positions. With ``normalize``, applies the normalisation stored
+    by ``ppo-lm rm`` (``config.ppo_lm_reward_mean/std``) when present. Keeps the caller's grad mode.
     Returns (B,) fp32.
     """
     hidden = _hidden(trunk(model), input_ids, attention_mask)
     rows = torch.arange(hidden.shape[0], device=hidden.device)
-    scores = scalar_head(model)(hidden[rows, last_index]).squeeze(-1).float()
-    mean = getattr(model.config, "ppo_lm_reward_mean", None)
-    std = getattr(model.config, "ppo_lm_reward_std", None)
-    if mean is not None and std is not None:
-        scores = (scores - mean) / std
+    scores = scalar_head(model)(hidden[rows, last_index.to(hidden.device)])[:, 0].float()
+    if normalize:
+        mean = getattr(model.config, REWARD_MEAN_KEY, None)
+        std = getattr(model.config, REWARD_STD_KEY, None)
+        if mean is not None and std is not None:
+            scores = (scores - mean) / std
     return scores

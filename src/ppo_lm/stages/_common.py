@@ -1,0 +1,83 @@
+"""Optimiser, schedule and batching shared by the SFT and reward-model stages."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+def total_steps(n_rows: int, batch_size: int, epochs: int, max_steps: int | None) -> int:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if max_steps is not None:
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        return max_steps
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1 when max_steps is unset, got {epochs}")
+    return epochs * math.ceil(n_rows / batch_size)
+
+
+def batch_indices(n_rows: int, batch_size: int, n_steps: int, seed: int) -> Iterator[list[int]]:
+    """``n_steps`` index batches, a fresh seeded permutation per epoch (last batch may be short)."""
+    rng = random.Random(seed)
+    step = 0
+    while True:
+        order = list(range(n_rows))
+        rng.shuffle(order)
+        for start in range(0, n_rows, batch_size):
+            if step >= n_steps:
+                return
+            yield order[start : start + batch_size]
+            step += 1
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW; biases and norm weights (1-D parameters) are exempt from weight decay, as usual."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def make_scheduler(opt: torch.optim.Optimizer, schedule: str, warmup_steps: int, n_steps: int):
+    """Linear warm-up over ``warmup_steps``, then constant, linear decay or cosine decay to 0."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, n_steps - warmup_steps))
+        if schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def save_artifacts(output_dir, model, tokenizer, metrics: dict, metrics_name: str) -> None:
+    """``save_pretrained`` model and tokenizer plus a JSON of the metrics into ``output_dir``."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / metrics_name).write_text(json.dumps(metrics, indent=2))

@@ -1,0 +1,215 @@
+"""Supervised fine-tuning of the initial policy on (prompt, response) demonstrations.
+
+Loss is next-token cross-entropy on response tokens only (the response text plus EOS), averaged over
+response tokens of the batch. Prompt positions carry label -100: the policy is conditioned on prompts,
+never trained to produce them, which is also all PPO will ask of it. Works with any HF causal LM and
+tokenizer; the built-in task uses it to make an imperfect starting policy (SPEC §5).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ._common import (
+    batch_indices,
+    make_optimizer,
+    make_scheduler,
+    model_device,
+    save_artifacts,
+    total_steps,
+)
+from .data import RowsLike, encode_prompt_response, load_rows, pad_sequences, split_rows
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class SFTConfig:
+    """Settings of :func:`train_sft`. ``max_steps``, when set, overrides ``epochs``."""
+
+    lr: float = 1e-4
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_size: int = 16
+    eval_batch_size: int = 64
+    max_length: int = 512  # prompt + response + EOS; longer rows are skipped, not truncated
+    heldout_fraction: float = 0.1  # used only when no eval_rows are given
+    seed: int = 0
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | linear | cosine
+    max_grad_norm: float | None = 1.0
+    log_every: int = 10
+    add_special_tokens: bool = True  # for the prompt, as the rollout's tokenizer call would
+
+
+def build_sft_example(
+    tokenizer, prompt: str, response: str, add_special_tokens: bool = True
+) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` of equal length: prompt positions labelled -100, response + EOS kept."""
+    prompt_ids, response_ids = encode_prompt_response(tokenizer, prompt, response, add_special_tokens)
+    return prompt_ids + response_ids, [IGNORE_INDEX] * len(prompt_ids) + response_ids
+
+
+def collate_sft(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask``, ``labels``, each ``(B, T_max)``.
+
+    Right padding keeps positions 0..len-1 for every row, as in plain training; padded labels are -100.
+    """
+    input_ids, attention_mask = pad_sequences([e[0] for e in examples], pad_id, side="right")
+    labels, _ = pad_sequences([e[1] for e in examples], pad_id, side="right", fill=IGNORE_INDEX)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def sft_loss(model, batch: dict[str, torch.Tensor], reduction: str = "mean") -> tuple[torch.Tensor, int]:
+    """Response-token cross-entropy of ``batch``; returns ``(loss, n_tokens)``.
+
+    ``reduction="mean"`` averages over labelled tokens, ``"sum"`` sums (for exact held-out means
+    across batches). Logits at position t predict token t+1, hence the shift.
+    """
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    targets = batch["labels"][:, 1:]
+    n_tokens = int((targets != IGNORE_INDEX).sum())
+    loss = F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+        targets.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
+    if reduction == "mean":
+        loss = loss / max(n_tokens, 1)
+    return loss, n_tokens
+
+
+@torch.no_grad()
+def evaluate_sft_loss(model, examples, pad_id: int, batch_size: int) -> float:
+    """Mean response-token NLL over ``examples`` (token-weighted across batches); nan if empty."""
+    if not examples:
+        return float("nan")
+    was_training = model.training
+    model.eval()
+    device = model_device(model)
+    total, count = 0.0, 0
+    for start in range(0, len(examples), batch_size):
+        batch = collate_sft(examples[start : start + batch_size], pad_id)
+        batch = {k: v.to(device) for k, v in batch.items()}
+        loss, n = sft_loss(model, batch, reduction="sum")
+        total += float(loss)
+        count += n
+    model.train(was_training)
+    return total / max(count, 1)
+
+
+def _encode_rows(tokenizer, rows, cfg: SFTConfig):
+    examples, skipped = [], 0
+    for row in rows:
+        ids, labels = build_sft_example(tokenizer, row["prompt"], row["response"], cfg.add_special_tokens)
+        if len(ids) > cfg.max_length:
+            skipped += 1
+            continue
+        examples.append((ids, labels))
+    return examples, skipped
+
+
+def train_sft(
+    model,
+    tokenizer,
+    rows: RowsLike,
+    cfg: SFTConfig | None = None,
+    output_dir=None,
+    eval_rows: RowsLike | None = None,
+    log_fn: Callable[[dict], None] | None = None,
+) -> dict:
+    """Fine-tune ``model`` in place on ``rows`` (columns ``prompt``, ``response``); returns metrics.
+
+    ``rows`` is anything :func:`~ppo_lm.stages.data.load_rows` accepts. Held-out rows are ``eval_rows``
+    if given, else a seeded ``heldout_fraction`` of ``rows``. ``log_fn`` gets a dict every
+    ``log_every`` steps. With ``output_dir`` the model and tokenizer are ``save_pretrained`` there,
+    with ``sft_metrics.json``. The model's train/eval mode is restored on return.
+
+    Metrics: ``train_loss`` (per step), ``heldout_loss_before``/``after`` (response-token NLL),
+    ``steps``, ``n_train``, ``n_heldout``, ``n_skipped_too_long``, ``train_tokens``, ``wall_time_s``.
+    """
+    cfg = cfg or SFTConfig()
+    rows = load_rows(rows, ("prompt", "response"), name="sft data")
+    if eval_rows is not None:
+        train_rows, held_rows = rows, load_rows(eval_rows, ("prompt", "response"), name="sft eval data")
+    else:
+        train_rows, held_rows = split_rows(rows, cfg.heldout_fraction, cfg.seed)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    train_ex, skipped = _encode_rows(tokenizer, train_rows, cfg)
+    held_ex, held_skipped = _encode_rows(tokenizer, held_rows, cfg)
+    if not train_ex:
+        raise ValueError(f"all {len(train_rows)} SFT rows are longer than max_length={cfg.max_length}")
+    n_steps = total_steps(len(train_ex), cfg.batch_size, cfg.epochs, cfg.max_steps)
+
+    was_training = model.training
+    device = model_device(model)
+    torch.manual_seed(cfg.seed)  # dropout, if the model has any
+    heldout_before = evaluate_sft_loss(model, held_ex, pad_id, cfg.eval_batch_size)
+
+    opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
+    sched = make_scheduler(opt, cfg.lr_schedule, cfg.warmup_steps, n_steps)
+    model.train()
+    losses: list[float] = []
+    tokens = 0
+    t0 = time.perf_counter()
+    for step, idx in enumerate(batch_indices(len(train_ex), cfg.batch_size, n_steps, cfg.seed), start=1):
+        batch = {k: v.to(device) for k, v in collate_sft([train_ex[i] for i in idx], pad_id).items()}
+        loss, n_tok = sft_loss(model, batch)
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"SFT loss became {float(loss)} at step {step}; lower the lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = (
+            float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+            if cfg.max_grad_norm
+            else float("nan")
+        )
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        tokens += n_tok
+        if cfg.log_every and (step % cfg.log_every == 0 or step == n_steps):
+            window = losses[-cfg.log_every :]
+            entry = {
+                "stage": "sft",
+                "step": step,
+                "steps": n_steps,
+                "loss": sum(window) / len(window),
+                "lr": sched.get_last_lr()[0],
+                "grad_norm": grad_norm,
+                "tokens_per_s": tokens / max(time.perf_counter() - t0, 1e-9),
+            }
+            logger.info("sft step %d/%d loss %.4f", step, n_steps, entry["loss"])
+            if log_fn is not None:
+                log_fn(entry)
+    wall = time.perf_counter() - t0
+
+    heldout_after = evaluate_sft_loss(model, held_ex, pad_id, cfg.eval_batch_size)
+    model.train(was_training)
+    metrics = {
+        "train_loss": losses,
+        "heldout_loss_before": heldout_before,
+        "heldout_loss_after": heldout_after,
+        "steps": n_steps,
+        "n_train": len(train_ex),
+        "n_heldout": len(held_ex),
+        "n_skipped_too_long": skipped + held_skipped,
+        "train_tokens": tokens,
+        "wall_time_s": wall,
+        "config": asdict(cfg),
+    }
+    if output_dir is not None:
+        save_artifacts(output_dir, model, tokenizer, metrics, "sft_metrics.json")
+    return metrics
