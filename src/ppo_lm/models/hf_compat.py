@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import json
 from functools import cache
+from pathlib import Path
 
 from torch import nn
 
@@ -47,3 +49,20 @@ def disable_dropout(model: nn.Module) -> None:
         if isinstance(m, nn.Dropout):
             m.p = 0.0
     model.eval()
+
+
+def load_tokenizer(path: str | Path):
+    """Load a tokenizer directory offline.
+
+    A plain ``tokenizers``-backed tokenizer (like the built-in character tokenizer) is loaded as
+    ``PreTrainedTokenizerFast``: transformers 5's ``AutoTokenizer`` would otherwise pick the model
+    type's own tokenizer class (e.g. Qwen2Tokenizer) next to a Qwen2 ``config.json`` and re-split
+    the text differently from how the model was trained.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg_file = Path(path) / "tokenizer_config.json"
+    declared = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None
+    if declared in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)

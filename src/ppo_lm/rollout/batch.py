@@ -20,6 +20,7 @@ class RolloutBatch:
     bootstrap_values: (B,) V_old(x_{T_i+1}) (used for truncated rows), or None without a critic.
     scores: (B,) verifier / reward-model score (after the missing-EOS penalty).
     rewards: (B, T) shaped rewards; advantages, returns: (B, T) filled by the advantage step.
+    gold_scores: (B,) monitoring-only verifier scores (``model.gold_reward``), or None.
     group_ids: (B,) index of the prompt each episode was sampled from (groups are contiguous).
     """
 
@@ -37,6 +38,7 @@ class RolloutBatch:
     rewards: Tensor | None = None
     advantages: Tensor | None = None
     returns: Tensor | None = None
+    gold_scores: Tensor | None = None
     prompts: list[str] = field(default_factory=list)
     responses: list[str] = field(default_factory=list)
 

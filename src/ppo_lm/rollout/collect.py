@@ -22,6 +22,7 @@ class RolloutModels:
     shared_critic: bool = False  # values come from the policy's value head
     reward_model: nn.Module | None = None
     verifier: Verifier | None = None
+    gold_verifier: Verifier | None = None  # scored for monitoring only
 
 
 def _chunks(n: int, size: int):
@@ -100,10 +101,13 @@ def collect_rollout(
             score_with_model(models.reward_model, input_ids[s], attention_mask[s], last_index[s])
             for s in _chunks(B, forward_batch_size)
         ])
-    else:
-        columns = {k: [row[k] for row in prompt_rows for _ in range(samples_per_prompt)]
-                   for k in prompt_rows[0] if k != prompt_column}
+    columns = {k: [row[k] for row in prompt_rows for _ in range(samples_per_prompt)]
+               for k in prompt_rows[0] if k != prompt_column}
+    if models.reward_model is None:
         scores = score_with_verifier(models.verifier, prompts, responses_text, columns).to(device)
+    gold = None
+    if models.gold_verifier is not None:
+        gold = score_with_verifier(models.gold_verifier, prompts, responses_text, columns).to(device)
     if missing_eos_penalty:
         scores = scores - missing_eos_penalty * (~gen.terminated).float()
     timings["score_s"] = time.perf_counter() - t1
@@ -124,6 +128,7 @@ def collect_rollout(
         group_ids=torch.arange(B, device=device) // samples_per_prompt,
         values_old=values_old,
         bootstrap_values=bootstrap,
+        gold_scores=gold,
         prompts=prompts,
         responses=responses_text,
     )

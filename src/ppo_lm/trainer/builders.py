@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..models.actor_critic import CriticModel, PolicyModel
-from ..models.hf_compat import disable_dropout, scalar_head, trunk
+from ..models.hf_compat import disable_dropout, load_tokenizer, scalar_head, trunk
 from ..rollout.reward import load_verifier
 from .config import DataConfig, ModelConfig, TrainConfig
 from .config_io import ConfigError
@@ -41,11 +41,9 @@ def build_tokenizer(cfg: ModelConfig):
 
         tok = builtin()
     else:
-        from transformers import AutoTokenizer
-
         if not Path(source).exists():
             raise ConfigError(f"`model.tokenizer`/`model.policy`: no such path {source!r} (models load offline only)")
-        tok = AutoTokenizer.from_pretrained(source)
+        tok = load_tokenizer(source)
     if cfg.pad_token is not None:
         if cfg.pad_token not in tok.get_vocab():
             raise ConfigError(f"`model.pad_token`={cfg.pad_token!r} is not in the tokenizer's vocabulary")
@@ -118,6 +116,15 @@ def build_verifier(cfg: ModelConfig):
         return load_verifier(cfg.reward)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def build_gold_verifier(cfg: ModelConfig):
+    if cfg.gold_reward is None:
+        return None
+    try:
+        return load_verifier(cfg.gold_reward)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("model.reward", "model.gold_reward")) from None
 
 
 def build_critic(cfg: ModelConfig, policy_lm: nn.Module, reward_model: nn.Module | None) -> CriticModel:

@@ -22,6 +22,9 @@ class ModelConfig:
     """'builtin:equations' (the equation verifier), 'module:function' (a Python verifier
     ``f(prompts, responses, **columns) -> scores``), or a path to a one-label
     AutoModelForSequenceClassification (e.g. the output of ``ppo-lm rm``)."""
+    gold_reward: str | None = None
+    """Optional verifier ('module:function' or 'builtin:equations') scored next to the training reward
+    and logged as `gold_score`: with a learned reward model it shows over-optimisation."""
     critic: Literal["separate", "shared"] = "separate"
     """'separate': own transformer body + scalar head; 'shared': a value head on the policy trunk."""
     critic_init: str = "auto"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,7 @@ class PPOTrainer:
         if self.reward_model is not None:
             self.reward_model.to(self.device)
         self.verifier = verifier if verifier is not None else builders.build_verifier(cfg.model)
+        self.gold_verifier = builders.build_gold_verifier(cfg.model)
         self.critic = None
         if self.estimator.needs_critic and not shared:
             self.critic = builders.build_critic(cfg.model, policy_lm, self.reward_model).to(self.device)
@@ -138,7 +140,8 @@ class PPOTrainer:
         # 1. Rollout: sample with π_old, then score with π_old, π_ref, V_old and the reward.
         cfg = self.cfg
         return collect_rollout(
-            RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.reward_model, self.verifier),
+            RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.reward_model, self.verifier,
+                          self.gold_verifier),
             self.tokenizer, self.prompts_for(iteration), prompt_column=cfg.data.prompt_column,
             sampling=self.sampling, samples_per_prompt=cfg.rollout.samples_per_prompt,
             generator=self.sample_gen, forward_batch_size=cfg.rollout.forward_batch_size,
@@ -234,6 +237,8 @@ class PPOTrainer:
             "advantage_mean": adv_mean,
             "advantage_std": max(s_adv2 / n_tok - adv_mean**2, 0.0) ** 0.5,
         }
+        if batch.gold_scores is not None:
+            m["gold_score"] = float(dist.all_reduce_sum(batch.gold_scores.sum().double().cpu())) / n
         if batch.values_old is not None and batch.returns is not None:
             ev = explained_variance(batch.values_old, batch.returns, mask)
             m["explained_variance"] = float(ev)
@@ -242,8 +247,14 @@ class PPOTrainer:
         return m
 
     # ------------------------------------------------------------------------------------------
-    def train(self) -> list[dict[str, float]]:
-        """Run up to ``cfg.iterations`` (resuming first when ``cfg.resume``); returns the metrics logged."""
+    def train(
+        self, eval_fn: Callable[[int, PPOTrainer], dict[str, float]] | None = None, eval_every: int = 1
+    ) -> list[dict[str, float]]:
+        """Run up to ``cfg.iterations`` (resuming first when ``cfg.resume``); returns the metrics logged.
+
+        ``eval_fn(iteration, trainer)``, called every ``eval_every`` iterations and after the last,
+        returns extra metrics (e.g. held-out accuracy) logged with that iteration's.
+        """
         cfg = self.cfg
         start = 0
         if dist.is_main():
@@ -268,6 +279,8 @@ class PPOTrainer:
                 logger.start(start)
             for it in range(start + 1, cfg.iterations + 1):
                 metrics = self.train_iteration(it)
+                if eval_fn is not None and (it % eval_every == 0 or it == cfg.iterations):
+                    metrics.update(eval_fn(it, self))
                 history.append(metrics)
                 if logger:
                     logger.log(it, metrics)
