@@ -67,6 +67,11 @@ def cmd_train(argv: list[str]) -> int:
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("ppo_lm.cli:cmd_train", "PPO / critic-free RL training"),
+    "sft": ("ppo_lm.commands:cmd_sft", "supervised fine-tuning (prompt, response)"),
+    "rm": ("ppo_lm.commands:cmd_rm", "Bradley–Terry reward model (prompt, chosen, rejected)"),
+    "demo": ("ppo_lm.demo:cmd_demo", "SFT → PPO (or → RM → PPO with --rlhf) on the built-in task"),
+    "plot": ("ppo_lm.commands:cmd_plot", "PNG of a run's diagnostics"),
+    "bench": ("ppo_lm.bench:cmd_bench", "throughput on the benchmark workloads W1/W2 (SPEC §6)"),
 }
 
 

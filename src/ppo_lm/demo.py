@@ -1,0 +1,193 @@
+"""`ppo-lm demo`: the whole RLHF pipeline on the built-in equation task, offline on a laptop CPU.
+
+SFT on imperfect demonstrations → (optionally) a reward model from policy samples → PPO with a
+separate critic → greedy held-out accuracy before and after, with plots and a summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .trainer.config import TrainConfig
+
+
+def _demo_ppo() -> TrainConfig:
+    cfg = TrainConfig(iterations=150)
+    cfg.rollout.num_prompts = 128
+    cfg.rollout.max_new_tokens = 6
+    cfg.optim.actor_lr = 5e-4
+    cfg.optim.critic_lr = 1e-3
+    cfg.data.builtin_num_prompts = 4000
+    cfg.log.save_every = 50
+    cfg.log.sample_every = 10
+    return cfg
+
+
+@dataclass
+class DemoConfig:
+    output_dir: str | None = None
+    """Default: runs/demo-<timestamp>."""
+    seed: int = 0
+    rlhf: bool = False
+    """Train a reward model on preference pairs and run PPO against it (the verifier stays the gold metric)."""
+    smoke: bool = False
+    """Tiny sizes that run in seconds (wiring check, used by the tests)."""
+    threads: int = 2
+    hidden_size: int = 64
+    num_layers: int = 2
+    sft_demos: int = 4000
+    sft_error_rate: float = 0.3
+    """Share of wrong answers in the SFT demonstrations, so SFT alone stays imperfect."""
+    sft_steps: int = 400
+    sft_lr: float = 1e-3
+    sft_batch_size: int = 32
+    eval_prompts: int = 200
+    eval_every: int = 25
+    rm_prompts: int = 1000
+    rm_samples_per_prompt: int = 4
+    rm_steps: int = 300
+    rm_lr: float = 5e-4
+    rm_min_pairs: int = 200
+    """Pairs from policy samples are topped up with synthetic ones to at least this many."""
+    ppo: TrainConfig = field(default_factory=_demo_ppo)
+
+    def shrink(self) -> None:
+        self.sft_demos, self.sft_steps, self.eval_prompts, self.eval_every = 64, 4, 8, 1
+        self.rm_prompts, self.rm_steps, self.rm_min_pairs = 16, 4, 16
+        self.hidden_size = 32
+        self.ppo.iterations = 2
+        self.ppo.rollout.num_prompts = 8
+        self.ppo.data.builtin_num_prompts = 64
+        self.ppo.log.progress = False
+
+
+def _preference_pairs_from_policy(lm, tok, rows, samples: int, seed: int, max_new_tokens: int) -> list[dict]:
+    """Pairs (correct over incorrect) from the policy's own samples, labelled by the verifier."""
+    from .rollout.sampling import SamplingParams, generate
+    from .tasks.equations import verify
+
+    prompts = [r["prompt"] for r in rows for _ in range(samples)]
+    answers = [r["answer"] for r in rows for _ in range(samples)]
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
+    gen = generate(lm, enc["input_ids"], enc["attention_mask"], params, pad_token_id=tok.pad_token_id,
+                   generator=torch.Generator().manual_seed(seed))
+    texts = tok.batch_decode([r[m].tolist() for r, m in zip(gen.responses, gen.mask)], skip_special_tokens=True)
+    scores = verify(prompts, texts, answer=answers)
+    rng = random.Random(seed)
+    pairs = []
+    for i in range(0, len(prompts), samples):
+        good = sorted({texts[j] for j in range(i, i + samples) if scores[j] == 1.0})
+        bad = sorted({texts[j] for j in range(i, i + samples) if scores[j] == 0.0})
+        if good and bad:
+            pairs.append({"prompt": prompts[i], "chosen": rng.choice(good), "rejected": rng.choice(bad)})
+    return pairs
+
+
+def run_demo(cfg: DemoConfig) -> dict:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .evaluate import greedy_eval
+    from .plots import plot_proxy_vs_gold, plot_run
+    from .stages.sft import SFTConfig, train_sft
+    from .tasks.equations import build_tiny_policy, build_tokenizer, make_prompts, sft_demonstrations, verify
+    from .trainer.config_io import to_dict
+    from .trainer.ppo import PPOTrainer
+
+    console = Console()
+    if cfg.smoke:
+        cfg.shrink()
+    torch.set_num_threads(cfg.threads)
+    t0 = time.perf_counter()
+    out = Path(cfg.output_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    max_new = cfg.ppo.rollout.max_new_tokens
+    tok = build_tokenizer()
+    held = make_prompts(cfg.eval_prompts, seed=cfg.seed + 10_000, split="heldout", unique=True)
+
+    def accuracy(lm) -> float:
+        return greedy_eval(lm, tok, held, verify, max_new_tokens=max_new)[0]
+
+    # 1. SFT on demonstrations with errors: the starting policy.
+    console.print(f"[bold]1. SFT[/] on {cfg.sft_demos} demonstrations ({cfg.sft_error_rate:.0%} wrong)")
+    lm = build_tiny_policy(tok, seed=cfg.seed, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers)
+    demos = sft_demonstrations(cfg.sft_demos, seed=cfg.seed, error_rate=cfg.sft_error_rate)
+    sft_metrics = train_sft(lm, tok, demos, SFTConfig(lr=cfg.sft_lr, max_steps=cfg.sft_steps, batch_size=cfg.sft_batch_size,
+                                                      seed=cfg.seed, log_every=10**9), output_dir=out / "sft")
+    acc_before = accuracy(lm)
+    console.print(f"   held-out accuracy after SFT: {acc_before:.1%}")
+
+    # 2. (RLHF) reward model on pairs from the SFT policy's own samples, labelled by the verifier.
+    ppo = cfg.ppo
+    ppo.output_dir = str(out / "ppo")
+    ppo.seed = cfg.seed
+    ppo.threads = cfg.threads
+    ppo.model.policy = str(out / "sft")
+    ppo.model.tokenizer = str(out / "sft")
+    rm_metrics = None
+    if cfg.rlhf:
+        from .stages.rm import RMConfig, build_reward_model_from_policy_config, train_reward_model
+
+        rows = make_prompts(cfg.rm_prompts, seed=cfg.seed + 20_000, split="train")
+        pairs = _preference_pairs_from_policy(lm, tok, rows, cfg.rm_samples_per_prompt, cfg.seed, max_new)
+        n_policy = len(pairs)
+        if n_policy < cfg.rm_min_pairs:
+            # A policy that is almost never (or always) right yields few mixed groups: top up with
+            # synthetic pairs (correct answer over a plausible mistake) so the RM has data.
+            from .tasks.equations import preference_pairs
+
+            pairs += preference_pairs(cfg.rm_min_pairs - n_policy, seed=cfg.seed)
+        console.print(f"[bold]2. Reward model[/] on {len(pairs)} preference pairs "
+                      f"({n_policy} from policy samples)")
+        rm = build_reward_model_from_policy_config(lm.config, causal_lm=lm, pad_token_id=tok.pad_token_id, seed=cfg.seed)
+        rm_metrics = train_reward_model(rm, tok, pairs, RMConfig(lr=cfg.rm_lr, max_steps=cfg.rm_steps, seed=cfg.seed,
+                                                               log_every=10**9), output_dir=out / "rm")
+        console.print(f"   held-out pairwise accuracy: {rm_metrics['heldout_accuracy_after']:.1%}")
+        ppo.model.reward = str(out / "rm")
+        ppo.model.gold_reward = "builtin:equations"
+    else:
+        ppo.model.reward = "builtin:equations"
+
+    # 3. PPO with a separate critic.
+    console.print(f"[bold]{3 if cfg.rlhf else 2}. PPO[/] for {ppo.iterations} iterations × {ppo.rollout.num_prompts} prompts")
+    trainer = PPOTrainer(ppo)
+    trainer.train(eval_fn=lambda it, tr: {"heldout_accuracy": accuracy(tr.policy.lm)}, eval_every=cfg.eval_every)
+    acc_after = accuracy(trainer.policy.lm)
+    wall = time.perf_counter() - t0
+
+    plot_run(out / "ppo" / "metrics.jsonl", out / "diagnostics.png", title="ppo-lm demo: PPO on the equation task")
+    if cfg.rlhf:
+        plot_proxy_vs_gold(out / "ppo" / "metrics.jsonl", out / "proxy_vs_gold.png")
+    summary = {
+        "accuracy_before": acc_before,
+        "accuracy_after": acc_after,
+        "iterations": ppo.iterations,
+        "wall_s": wall,
+        "sft_heldout_loss_after": sft_metrics.get("heldout_loss_after"),
+        "rm_heldout_accuracy": rm_metrics["heldout_accuracy_after"] if rm_metrics else None,
+        "config": to_dict(cfg),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+
+    table = Table(title=f"ppo-lm demo ({'RLHF with a learned reward model' if cfg.rlhf else 'verifier reward'})")
+    table.add_column("held-out prompts")
+    table.add_column("greedy accuracy", justify="right")
+    table.add_row("after SFT", f"{acc_before:.1%}")
+    table.add_row(f"after PPO ({ppo.iterations} it.)", f"{acc_after:.1%}")
+    console.print(table)
+    console.print(f"wall time {wall:.0f} s; outputs in {out}/ (summary.json, diagnostics.png, ppo/metrics.jsonl)")
+    return summary
+
+
+def cmd_demo(argv: list[str]) -> int:
+    from .cli import _parse, _run
+
+    cfg = _parse(DemoConfig, argv, "ppo-lm demo", "SFT → PPO (or SFT → RM → PPO with --rlhf) on the built-in task.")
+    return _run(lambda: run_demo(cfg))
