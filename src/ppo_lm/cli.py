@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\nRun `ppo-lm COMMAND --help` for the options of a command.")
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-file load/save bars would bury ppo-lm's own output
     if name not in COMMANDS:
         print(f"ppo-lm: error: unknown command {name!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ from .trainer.config import TrainConfig
 
 
 def _demo_ppo() -> TrainConfig:
-    cfg = TrainConfig(iterations=150)
+    cfg = TrainConfig(iterations=400)
     cfg.rollout.num_prompts = 128
     cfg.rollout.max_new_tokens = 6
     cfg.optim.actor_lr = 5e-4
@@ -48,7 +48,7 @@ class DemoConfig:
     sft_lr: float = 1e-3
     sft_batch_size: int = 32
     eval_prompts: int = 200
-    eval_every: int = 25
+    eval_every: int = 50
     rm_prompts: int = 1000
     rm_samples_per_prompt: int = 4
     rm_steps: int = 300
