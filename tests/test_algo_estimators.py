@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from algo_helpers import F64, garble, rand_mask
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,24 +26,8 @@ from ppo_lm.algorithms import (
     whiten,
 )
 
-F64 = torch.float64
-GARBAGE = (1e30, float("nan"), float("inf"), float("-inf"), -1e30, 7.5)
-
 
 # ----------------------------------------------------------------------------- helpers
-def rand_mask(B: int, T: int, g: torch.Generator, min_len: int = 1) -> torch.Tensor:
-    lengths = torch.randint(min_len, T + 1, (B,), generator=g)
-    lengths[0] = T
-    return torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
-
-
-def garble(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    out = x.clone()
-    for k, idx in enumerate((~mask.bool()).nonzero().tolist()):
-        out[tuple(idx)] = GARBAGE[k % len(GARBAGE)]
-    return out
-
-
 def valid_list(x: torch.Tensor, mask: torch.Tensor) -> list[float]:
     m = mask.bool().tolist()
     xs = x.tolist()

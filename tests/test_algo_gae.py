@@ -12,12 +12,11 @@ import math
 
 import pytest
 import torch
+from algo_helpers import garble
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppo_lm.algorithms import gae
-
-GARBAGE = (1e30, float("nan"), float("inf"), float("-inf"), -1e30, 7.5)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -40,15 +39,6 @@ def make_batch(B: int, T: int, seed: int, dtype=torch.float64, min_len: int = 1)
     values = torch.randn(B, T, generator=g, dtype=dtype)
     boot = torch.randn(B, generator=g, dtype=dtype)
     return rewards, values, mask, terminated, boot
-
-
-def garble(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Copy of ``x`` with huge numbers, NaN and ±inf in every padded position."""
-    out = x.clone()
-    pad = (~mask.bool()).nonzero().tolist()
-    for k, idx in enumerate(pad):
-        out[tuple(idx)] = GARBAGE[k % len(GARBAGE)]
-    return out
 
 
 def ref_deltas(rewards, values, mask, terminated, boot, gamma):

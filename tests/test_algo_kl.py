@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from algo_helpers import F64, garble, rand_mask
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,22 +17,6 @@ from ppo_lm.algorithms import (
     kl_penalty,
     shape_rewards,
 )
-
-F64 = torch.float64
-GARBAGE = (1e30, float("nan"), float("inf"), float("-inf"), -1e30, 7.5)
-
-
-def rand_mask(B: int, T: int, g: torch.Generator) -> torch.Tensor:
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[0] = T
-    return torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
-
-
-def garble(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    out = x.clone()
-    for k, idx in enumerate((~mask.bool()).nonzero().tolist()):
-        out[tuple(idx)] = GARBAGE[k % len(GARBAGE)]
-    return out
 
 
 def ref_kl(d: float, kind: str) -> float:

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from algo_helpers import F64, garble, rand_mask
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,24 +21,8 @@ from ppo_lm.algorithms import (
     value_loss,
 )
 
-F64 = torch.float64
-GARBAGE = (1e30, float("nan"), float("inf"), float("-inf"), -1e30, 7.5)
-
 
 # ----------------------------------------------------------------------------- helpers
-def rand_mask(B: int, T: int, g: torch.Generator, min_len: int = 1) -> torch.Tensor:
-    lengths = torch.randint(min_len, T + 1, (B,), generator=g)
-    lengths[0] = T
-    return torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
-
-
-def garble(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    out = x.detach().clone()
-    for k, idx in enumerate((~mask.bool()).nonzero().tolist()):
-        out[tuple(idx)] = GARBAGE[k % len(GARBAGE)]
-    return out
-
-
 def policy_batch(B=6, T=7, seed=0, spread=0.5):
     g = torch.Generator().manual_seed(seed)
     mask = rand_mask(B, T, g)

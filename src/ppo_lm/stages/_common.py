@@ -70,6 +70,47 @@ def make_scheduler(opt: torch.optim.Optimizer, schedule: str, warmup_steps: int,
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+def optimizer_step(
+    model, opt, sched, loss: torch.Tensor, max_grad_norm: float | None, *, what: str, step: int
+) -> float:
+    """One optimiser step on ``loss``; returns the pre-clip gradient norm (nan when not clipping).
+
+    Refuses a non-finite loss (``FloatingPointError`` naming ``what`` and ``step``) before touching the
+    gradients, then zero_grad → backward → clip to ``max_grad_norm`` (skipped when falsy) → step → sched.
+    """
+    if not math.isfinite(loss.item()):
+        raise FloatingPointError(f"{what} loss became {float(loss)} at step {step}; lower the lr")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = (
+        float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+        if max_grad_norm
+        else float("nan")
+    )
+    opt.step()
+    sched.step()
+    return grad_norm
+
+
+def window_log_entry(
+    stage: str, step: int, n_steps: int, log_every: int, sched, grad_norm: float, **series: list[float]
+) -> dict | None:
+    """The log entry due at ``step`` (every ``log_every`` steps and at the last), else None.
+
+    Each ``series`` becomes the mean of its last ``log_every`` values, placed after ``stage``/``step``/
+    ``steps`` and before ``lr``/``grad_norm``. ``log_every`` 0 never logs.
+    """
+    if not (log_every and (step % log_every == 0 or step == n_steps)):
+        return None
+    entry: dict = {"stage": stage, "step": step, "steps": n_steps}
+    for key, values in series.items():
+        window = values[-log_every:]
+        entry[key] = sum(window) / len(window)
+    entry["lr"] = sched.get_last_lr()[0]
+    entry["grad_norm"] = grad_norm
+    return entry
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 

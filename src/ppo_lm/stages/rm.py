@@ -30,8 +30,10 @@ from ._common import (
     make_optimizer,
     make_scheduler,
     model_device,
+    optimizer_step,
     save_artifacts,
     total_steps,
+    window_log_entry,
 )
 from .data import (
     RowsLike,
@@ -117,7 +119,9 @@ def score_sequences(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     Read at the last attended token. With ``normalize`` and a stored mean/std, returns
     ``(raw - mean) / std``. Keeps the caller's grad mode: wrap in ``torch.no_grad()`` for inference.
     """
-    return sequence_scores(model, input_ids, attention_mask, last_token_index(attention_mask), normalize=normalize)
+    return sequence_scores(
+        model, input_ids, attention_mask, last_token_index(attention_mask), normalize=normalize
+    )
 
 
 def encode_sequences(
@@ -273,30 +277,13 @@ def train_reward_model(
     for step, idx in enumerate(batch_indices(len(train_pairs), cfg.batch_size, n_steps, cfg.seed), start=1):
         rc, rr = _pair_scores(model, [train_pairs[i] for i in idx], pad_id)
         loss = -F.logsigmoid(rc - rr).mean()
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"reward-model loss became {float(loss)} at step {step}; lower the lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = (
-            float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
-            if cfg.max_grad_norm
-            else float("nan")
-        )
-        opt.step()
-        sched.step()
+        grad_norm = optimizer_step(model, opt, sched, loss, cfg.max_grad_norm, what="reward-model", step=step)
         losses.append(loss.item())
         accs.append(float((rc > rr).float().mean()))
-        if cfg.log_every and (step % cfg.log_every == 0 or step == n_steps):
-            window = slice(-cfg.log_every, None)
-            entry = {
-                "stage": "rm",
-                "step": step,
-                "steps": n_steps,
-                "loss": sum(losses[window]) / len(losses[window]),
-                "accuracy": sum(accs[window]) / len(accs[window]),
-                "lr": sched.get_last_lr()[0],
-                "grad_norm": grad_norm,
-            }
+        entry = window_log_entry(
+            "rm", step, n_steps, cfg.log_every, sched, grad_norm, loss=losses, accuracy=accs
+        )
+        if entry is not None:
             logger.info("rm step %d/%d loss %.4f acc %.3f", step, n_steps, entry["loss"], entry["accuracy"])
             if log_fn is not None:
                 log_fn(entry)

@@ -9,7 +9,6 @@ tokenizer; the built-in task uses it to make an imperfect starting policy (SPEC 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -22,8 +21,10 @@ from ._common import (
     make_optimizer,
     make_scheduler,
     model_device,
+    optimizer_step,
     save_artifacts,
     total_steps,
+    window_log_entry,
 )
 from .data import RowsLike, encode_prompt_response, load_rows, pad_sequences, split_rows
 
@@ -167,30 +168,12 @@ def train_sft(
     for step, idx in enumerate(batch_indices(len(train_ex), cfg.batch_size, n_steps, cfg.seed), start=1):
         batch = {k: v.to(device) for k, v in collate_sft([train_ex[i] for i in idx], pad_id).items()}
         loss, n_tok = sft_loss(model, batch)
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"SFT loss became {float(loss)} at step {step}; lower the lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = (
-            float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
-            if cfg.max_grad_norm
-            else float("nan")
-        )
-        opt.step()
-        sched.step()
+        grad_norm = optimizer_step(model, opt, sched, loss, cfg.max_grad_norm, what="SFT", step=step)
         losses.append(loss.item())
         tokens += n_tok
-        if cfg.log_every and (step % cfg.log_every == 0 or step == n_steps):
-            window = losses[-cfg.log_every :]
-            entry = {
-                "stage": "sft",
-                "step": step,
-                "steps": n_steps,
-                "loss": sum(window) / len(window),
-                "lr": sched.get_last_lr()[0],
-                "grad_norm": grad_norm,
-                "tokens_per_s": tokens / max(time.perf_counter() - t0, 1e-9),
-            }
+        entry = window_log_entry("sft", step, n_steps, cfg.log_every, sched, grad_norm, loss=losses)
+        if entry is not None:
+            entry["tokens_per_s"] = tokens / max(time.perf_counter() - t0, 1e-9)
             logger.info("sft step %d/%d loss %.4f", step, n_steps, entry["loss"])
             if log_fn is not None:
                 log_fn(entry)
