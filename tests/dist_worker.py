@@ -18,9 +18,9 @@ from ppo_lm import distributed as dist  # noqa: E402
 from ppo_lm.trainer.ppo import PPOTrainer  # noqa: E402
 
 
-def build(out_dir: str, critic: str = "separate") -> PPOTrainer:
+def build(out_dir: str, critic: str = "separate", fsdp: bool = False) -> PPOTrainer:
     cfg = tiny_config(out_dir, rollout__num_prompts=8, rollout__max_new_tokens=6, optim__epochs=2,
-                      optim__num_minibatches=1, optim__micro_batch_size=2, model__critic=critic)
+                      optim__num_minibatches=1, optim__micro_batch_size=2, model__critic=critic, model__fsdp=fsdp)
     cfg.threads = 1
     cfg.rollout.stop_tokens = list("0123456789")  # ~12% stop chance per step: varied lengths
     return PPOTrainer(cfg, verifier=length_reward)
@@ -37,23 +37,30 @@ def fixed_rollout(tr: PPOTrainer):
 
 
 def weights(tr: PPOTrainer) -> dict[str, torch.Tensor]:
-    out = {f"policy.{k}": v.detach().clone() for k, v in tr.policy.state_dict().items()}
+    """Full weights (a collective under FSDP: every rank calls it; rank 0 gets them)."""
+    from ppo_lm.models import sharding
+
+    def full(m):
+        return sharding.full_state(m) if sharding.is_sharded(m) else m.state_dict()
+
+    out = {f"policy.{k}": v.detach().clone() for k, v in full(tr.policy).items()}
     if tr.critic is not None:
-        out.update({f"critic.{k}": v.detach().clone() for k, v in tr.critic.state_dict().items()})
+        out.update({f"critic.{k}": v.detach().clone() for k, v in full(tr.critic).items()})
     return out
 
 
 def main() -> None:
-    out_dir, critic = sys.argv[1], sys.argv[2]
-    tr = build(out_dir, critic)
+    out_dir, critic, fsdp = sys.argv[1], sys.argv[2], sys.argv[3] == "fsdp"
+    tr = build(out_dir, critic, fsdp)
     batch = fixed_rollout(tr)
     B = batch.size
     r, w = dist.rank(), dist.world_size()
     share = batch.select(torch.arange(r * B // w, (r + 1) * B // w), trim=False)
     metrics = tr.learn(share, 1)
+    final = weights(tr)
     if dist.is_main():
         os.makedirs(out_dir, exist_ok=True)
-        torch.save({"weights": weights(tr), "metrics": metrics}, os.path.join(out_dir, "result.pt"))
+        torch.save({"weights": final, "metrics": metrics}, os.path.join(out_dir, "result.pt"))
     dist.destroy()
 
 

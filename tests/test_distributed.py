@@ -31,9 +31,9 @@ def _torchrun(args: list[str], timeout: float, env_extra: dict | None = None) ->
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("critic", ["separate", "shared"])
-def test_two_ranks_match_one_process(tmp_path, critic):
-    proc = _torchrun([str(HERE / "dist_worker.py"), str(tmp_path / "dp"), critic], timeout=300)
+@pytest.mark.parametrize("critic,mode", [("separate", "ddp"), ("shared", "ddp"), ("separate", "fsdp")])
+def test_two_ranks_match_one_process(tmp_path, critic, mode):
+    proc = _torchrun([str(HERE / "dist_worker.py"), str(tmp_path / "dp"), critic, mode], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     dp = torch.load(tmp_path / "dp" / "result.pt", weights_only=False)
 
@@ -75,3 +75,42 @@ def test_rank_crash_stops_all_and_keeps_checkpoint(tmp_path):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(found[1] / "policy")  # still loadable
+
+
+def _train_args(out, iterations, *extra):
+    return ["-m", "ppo_lm", "train", "--output-dir", str(out), "--iterations", str(iterations),
+            "--model.builtin-hidden-size", "32", "--rollout.num-prompts", "8", "--rollout.max-new-tokens", "4",
+            "--optim.epochs", "1", "--log.save-every", "1", "--log.no-progress", "--log.no-tensorboard",
+            "--model.reward", "trainer_helpers:length_reward", *extra]
+
+
+def _metric_rows(path):
+    import json
+
+    from ppo_lm.trainer.metrics_log import is_timing_key
+
+    rows = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in rows]
+
+
+def test_fsdp_checkpoint_resume_equals_uninterrupted(tmp_path):
+    full = _torchrun(_train_args(tmp_path / "full", 3, "--model.fsdp"), timeout=300)
+    assert full.returncode == 0, full.stderr[-3000:]
+    part = _torchrun(_train_args(tmp_path / "part", 2, "--model.fsdp"), timeout=300)
+    assert part.returncode == 0, part.stderr[-3000:]
+    resumed = _torchrun(_train_args(tmp_path / "part", 3, "--model.fsdp", "--resume"), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _metric_rows(tmp_path / "full") == _metric_rows(tmp_path / "part")
+
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    it, path = latest_checkpoint(tmp_path / "part")
+    assert it == 3
+    AutoModelForCausalLM.from_pretrained(path / "policy")  # full, unsharded weights
+    AutoModelForTokenClassification.from_pretrained(path / "critic")
+    # a different world size is refused with a clear message
+    proc = subprocess.run(
+        [sys.executable, "-m", "ppo_lm", *_train_args(tmp_path / "part", 4, "--resume")[2:]],
+        env=dict(os.environ, PYTHONPATH=str(HERE)), capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2 and "same world size" in proc.stderr

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.actor_critic import CriticModel, PolicyModel
+from ..models.sharding import gathered
 from .batch import RolloutBatch
 from .reward import Verifier, score_with_model, score_with_verifier
 from .sampling import SamplingParams, generate
@@ -62,9 +63,11 @@ def collect_rollout(
 
     t0 = time.perf_counter()
     models.policy.lm.eval()
-    gen = generate(
-        models.policy.lm, prompt_ids, prompt_mask, sampling, pad_token_id=tokenizer.pad_token_id, generator=generator
-    )
+    with gathered(models.policy):  # FSDP: one all-gather for the whole decode
+        gen = generate(
+            models.policy.lm, prompt_ids, prompt_mask, sampling, pad_token_id=tokenizer.pad_token_id,
+            generator=generator,
+        )
     t1 = time.perf_counter()
     timings["generate_s"] = t1 - t0
 

@@ -35,6 +35,11 @@ class ModelConfig:
     builtin_hidden_size: int = 64
     builtin_layers: int = 2
     builtin_heads: int = 4
+    fsdp: bool = False
+    """Under torchrun: shard policy and critic (parameters, gradients, optimiser state) with FSDP2
+    `fully_shard` instead of replicating them with DDP. Ignored in a single process."""
+    fsdp_bf16: bool = False
+    """With fsdp: bf16 compute/all-gather (fp32 master weights and gradient reduction)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "auto"
     """'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu', 'cuda', …"""

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .. import distributed as dist
+from ..models import sharding
 from . import checkpoint as ckpt
 from .config_io import ConfigError
 
@@ -24,29 +25,53 @@ class TrainState:
     nonfinite_total: int = 0
 
 
+def _prefixed(sd: dict, prefix: str) -> dict:
+    return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+
+
 def save_checkpoint(tr: PPOTrainer, output_dir: Path, iteration: int) -> Path | None:
-    """Rank 0 writes policy, critic and trainer state atomically; other ranks wait."""
+    """Rank 0 writes policy, critic and trainer state atomically; other ranks wait.
+
+    With FSDP the full (unsharded) weights and optimiser states are gathered first, so the
+    checkpoint has the same layout either way and loads with plain transformers.
+    """
     tr.state.iteration = iteration
     final = None
+    u = tr.update_ctx
     rng_per_rank = dist.all_gather_object(tr.rng_state())
+    fsdp = sharding.is_sharded(tr.policy)
+    if fsdp:  # collectives: every rank takes part
+        policy_full = sharding.full_state(tr.policy)
+        critic_full = sharding.full_state(tr.critic) if tr.critic is not None else {}
+        actor_opt = sharding.full_optim_state(tr.policy, u.actor_opt)
+        critic_root = tr.critic if tr.critic is not None else tr.policy
+        critic_opt = sharding.full_optim_state(critic_root, u.critic_opt) if u.critic_opt else None
+    else:
+        policy_full = {f"lm.{k}": v for k, v in tr.policy.lm.state_dict().items()}
+        if tr.policy.value_head is not None:
+            policy_full.update({f"value_head.{k}": v for k, v in tr.policy.value_head.state_dict().items()})
+        critic_full = {f"model.{k}": v for k, v in tr.critic.model.state_dict().items()} if tr.critic else {}
+        actor_opt = u.actor_opt.state_dict()
+        critic_opt = u.critic_opt.state_dict() if u.critic_opt else None
     if dist.is_main():
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # keep the trainer's own progress bar readable
         tmp, final = ckpt.begin(output_dir, iteration)
-        tr.policy.lm.save_pretrained(tmp / "policy", safe_serialization=True)
+        tr.policy.lm.save_pretrained(tmp / "policy", state_dict=_prefixed(policy_full, "lm."), safe_serialization=True)
         tr.tokenizer.save_pretrained(tmp / "policy")
         if tr.critic is not None:
-            tr.critic.model.save_pretrained(tmp / "critic", safe_serialization=True)
+            tr.critic.model.save_pretrained(tmp / "critic", state_dict=_prefixed(critic_full, "model."),
+                                            safe_serialization=True)
             tr.tokenizer.save_pretrained(tmp / "critic")
         if tr.policy.value_head is not None:
-            save_file({k: v.contiguous() for k, v in tr.policy.value_head.state_dict().items()},
+            save_file({k: v.contiguous() for k, v in _prefixed(policy_full, "value_head.").items()},
                       str(tmp / "value_head.safetensors"))
-        u = tr.update_ctx
         torch.save({
             "state": asdict(tr.state),
-            "actor_opt": u.actor_opt.state_dict(),
-            "critic_opt": u.critic_opt.state_dict() if u.critic_opt else None,
+            "fsdp": fsdp,
+            "actor_opt": actor_opt,
+            "critic_opt": critic_opt,
             "actor_sched": u.actor_sched.state_dict(),
             "critic_sched": u.critic_sched.state_dict() if u.critic_sched else None,
             "kl_ctl": tr.kl_ctl.state_dict(),
@@ -64,36 +89,54 @@ def load_checkpoint(tr: PPOTrainer, output_dir: Path) -> int:
         return 0
     iteration, path = found
     st = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
-    policy_sd = load_file(str(path / "policy" / "model.safetensors"))
-    _load_weights(tr.policy.lm, policy_sd, "policy")
-    if tr.critic is not None:
-        if not (path / "critic").is_dir():
-            raise ConfigError(f"checkpoint {path} has no critic but this run uses a separate critic")
-        _load_weights(tr.critic.model, load_file(str(path / "critic" / "model.safetensors")), "critic")
-    if tr.policy.value_head is not None:
-        tr.policy.value_head.load_state_dict(load_file(str(path / "value_head.safetensors")))
-    u = tr.update_ctx
-    u.actor_opt.load_state_dict(st["actor_opt"])
-    u.actor_sched.load_state_dict(st["actor_sched"])
-    if u.critic_opt is not None and st["critic_opt"] is not None:
-        u.critic_opt.load_state_dict(st["critic_opt"])
-        u.critic_sched.load_state_dict(st["critic_sched"])
-    tr.kl_ctl.load_state_dict(st["kl_ctl"])
     if len(st["rng"]) != dist.world_size():
         raise ConfigError(
             f"checkpoint {path} was written by {len(st['rng'])} processes; resume with the same world size "
             f"(now {dist.world_size()})"
         )
+    fsdp = sharding.is_sharded(tr.policy)
+    if st.get("fsdp", False) != fsdp:
+        raise ConfigError(f"checkpoint {path} was written with model.fsdp={st.get('fsdp')}; resume with the same")
+    policy_sd = load_file(str(path / "policy" / "model.safetensors"))
+    _check_keys(tr.policy.lm, policy_sd, "policy")
+    full = {f"lm.{k}": v for k, v in policy_sd.items()}
+    if tr.policy.value_head is not None:
+        full.update({f"value_head.{k}": v for k, v in load_file(str(path / "value_head.safetensors")).items()})
+    critic_full = {}
+    if tr.critic is not None:
+        if not (path / "critic").is_dir():
+            raise ConfigError(f"checkpoint {path} has no critic but this run uses a separate critic")
+        critic_sd = load_file(str(path / "critic" / "model.safetensors"))
+        _check_keys(tr.critic.model, critic_sd, "critic")
+        critic_full = {f"model.{k}": v for k, v in critic_sd.items()}
+    u = tr.update_ctx
+    if fsdp:
+        sharding.load_full_state(tr.policy, full)
+        if tr.critic is not None:
+            sharding.load_full_state(tr.critic, critic_full)
+        sharding.load_full_optim_state(tr.policy, u.actor_opt, st["actor_opt"])
+        if u.critic_opt is not None and st["critic_opt"] is not None:
+            sharding.load_full_optim_state(tr.critic if tr.critic is not None else tr.policy, u.critic_opt,
+                                           st["critic_opt"])
+    else:
+        tr.policy.load_state_dict(full, strict=False)
+        if tr.critic is not None:
+            tr.critic.load_state_dict(critic_full, strict=False)
+        u.actor_opt.load_state_dict(st["actor_opt"])
+        if u.critic_opt is not None and st["critic_opt"] is not None:
+            u.critic_opt.load_state_dict(st["critic_opt"])
+    u.actor_sched.load_state_dict(st["actor_sched"])
+    if u.critic_sched is not None and st["critic_sched"] is not None:
+        u.critic_sched.load_state_dict(st["critic_sched"])
+    tr.kl_ctl.load_state_dict(st["kl_ctl"])
     tr.set_rng_state(st["rng"][dist.rank()])
     tr.state.__dict__.update(st["state"])
     return iteration
 
 
-def _load_weights(model: torch.nn.Module, sd: dict, name: str) -> None:
-    own = model.state_dict()
-    # save_pretrained drops tied duplicates; strict loading would then miss them.
-    missing = [k for k in own if k not in sd]
-    tied = {k for k in missing if "lm_head" in k or "embed" in k}
-    if set(missing) - tied:
-        raise ConfigError(f"checkpoint {name} weights do not match the model: missing {sorted(set(missing) - tied)[:5]}")
-    model.load_state_dict(sd, strict=False)
+def _check_keys(model: torch.nn.Module, sd: dict, name: str) -> None:
+    # save_pretrained drops tied duplicates, so those may be missing; nothing else may.
+    missing = [k for k in model.state_dict() if k not in sd]
+    untied = set(missing) - {k for k in missing if "lm_head" in k or "embed" in k}
+    if untied:
+        raise ConfigError(f"checkpoint {name} weights do not match the model: missing {sorted(untied)[:5]}")

@@ -47,6 +47,13 @@ class UpdateContext:
     @classmethod
     def build(cls, cfg: TrainConfig, policy: PolicyModel, critic: CriticModel | None, device) -> UpdateContext:
         o = cfg.optim
+        fsdp = cfg.model.fsdp and dist.is_initialized()
+        if fsdp:  # before the optimisers exist: sharding replaces the parameters
+            from ..models.sharding import shard
+
+            shard(policy, policy.lm, bf16=cfg.model.fsdp_bf16)
+            if critic is not None:
+                shard(critic, critic.model, bf16=cfg.model.fsdp_bf16)
         actor_params = [p for p in policy.lm.parameters() if p.requires_grad]
         critic_params: list[nn.Parameter] = []
         if policy.value_head is not None:
@@ -60,7 +67,7 @@ class UpdateContext:
         total = cfg.iterations * steps_per_iteration
         actor_total = max(cfg.iterations - o.critic_warmup_iterations, 1) * steps_per_iteration
         policy_fwd, critic_fwd = policy, critic
-        if dist.is_initialized():
+        if dist.is_initialized() and not fsdp:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [device.index] if device.type == "cuda" else None
@@ -106,7 +113,8 @@ def _no_sync(ctx: UpdateContext, *, skip: bool):
 def _grad_norm_and_clip(params: list[nn.Parameter], max_norm: float) -> float:
     if not params:
         return 0.0
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor under FSDP
 
 
 def ppo_update(
@@ -190,6 +198,12 @@ def ppo_update(
                     loss = loss - a.entropy_coef * ent
                 if "entropy" in out:
                     step_stats["entropy"] = out["entropy"].detach().where(m, 0).sum() / m.sum()
+                if has_critic and ctx.policy.value_head is None and loss.requires_grad:
+                    # Separate critic: back-propagate the policy part before the critic's forward, so
+                    # the two models' activations are never held together (peak memory). The parameter
+                    # sets are disjoint, so the gradients are exactly those of the summed loss.
+                    loss.backward()
+                    loss = loss.detach()
                 if has_critic:
                     values = out["values"] if ctx.policy.value_head is not None else ctx.critic_fwd(
                         mbat.input_ids, mbat.attention_mask, P)

@@ -37,6 +37,7 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
     _unit("rollout.top_p", r.top_p, open_low=True)
     _pos("rollout.top_k", r.top_k, allow_zero=True)
     _pos("rollout.forward_batch_size", r.forward_batch_size, allow_zero=True)
+    _pos("rollout.min_new_tokens", r.min_new_tokens, allow_zero=True)
     _unit("algo.gamma", a.gamma)
     _unit("algo.gae_lambda", a.gae_lambda)
     _unit("algo.critic_lambda", a.critic_lambda)

@@ -1,0 +1,98 @@
+"""FSDP2 (``fully_shard``) for the trainable models, and full-state-dict checkpoint I/O for them.
+
+Layout: every decoder layer of a model's body is its own FSDP unit, and the wrapper module the loop
+calls (``PolicyModel`` / ``CriticModel``) is the root unit holding embeddings, final norm and heads.
+Training and scoring forwards go through the root's ``forward``, so FSDP's hooks gather and free
+parameters layer by layer. Generation calls the language model directly many times per rollout, so
+:func:`gathered` unshards every unit once for the whole decode and reshards afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from .hf_compat import trunk
+
+
+def _fsdp():
+    try:
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    except ImportError as e:  # torch < 2.6
+        raise RuntimeError("model.fsdp needs torch >= 2.6 (torch.distributed.fsdp.fully_shard)") from e
+    return FSDPModule, MixedPrecisionPolicy, fully_shard
+
+
+def shard(root: nn.Module, hf_model: nn.Module, *, bf16: bool = False) -> None:
+    """Apply ``fully_shard`` to each decoder layer of ``hf_model``'s body, then to ``root``."""
+    _, MixedPrecisionPolicy, fully_shard = _fsdp()
+    kw = {}
+    if bf16:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    layers = getattr(trunk(hf_model), "layers", None)
+    if layers is None:
+        raise RuntimeError(f"model.fsdp: {type(hf_model).__name__} has no `layers` list to shard")
+    for layer in layers:
+        fully_shard(layer, **kw)
+    fully_shard(root, **kw)
+
+
+def is_sharded(module: nn.Module | None) -> bool:
+    if module is None:
+        return False
+    FSDPModule = _fsdp()[0]
+    return isinstance(module, FSDPModule)
+
+
+@contextlib.contextmanager
+def gathered(root: nn.Module):
+    """All parameters of a sharded model unsharded for the duration (generation); no-op otherwise."""
+    if not is_sharded(root):
+        yield
+        return
+    FSDPModule = _fsdp()[0]
+    units = [m for m in root.modules() if isinstance(m, FSDPModule)]
+    for m in units:
+        m.unshard()
+        m.set_reshard_after_forward(False, recurse=False)  # stay gathered across decode steps
+    try:
+        yield
+    finally:
+        for m in units:
+            m.set_reshard_after_forward(True, recurse=False)
+            m.reshard()
+
+
+def _options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
+
+
+def full_state(root: nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded) state dict of a sharded ``root`` on rank 0 (empty elsewhere). A collective:
+    every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(root, options=_options())
+
+
+def load_full_state(root: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a full state dict (the same on every rank) into a sharded ``root``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(root, state, options=StateDictOptions(full_state_dict=True))
+
+
+def full_optim_state(root: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(root, opt, options=_options())
+
+
+def load_full_optim_state(root: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(root, opt, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
