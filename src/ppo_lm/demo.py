@@ -49,9 +49,10 @@ class DemoConfig:
     sft_batch_size: int = 32
     eval_prompts: int = 200
     eval_every: int = 50
-    rm_prompts: int = 1000
+    rm_prompts: int = 4000
     rm_samples_per_prompt: int = 4
-    rm_steps: int = 300
+    rm_steps: int = 1000
+    rm_batch_size: int = 32
     rm_lr: float = 5e-4
     rm_min_pairs: int = 200
     """Pairs from policy samples are topped up with synthetic ones to at least this many."""
@@ -147,7 +148,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         console.print(f"[bold]2. Reward model[/] on {len(pairs)} preference pairs "
                       f"({n_policy} from policy samples)")
         rm = build_reward_model_from_policy_config(lm.config, causal_lm=lm, pad_token_id=tok.pad_token_id, seed=cfg.seed)
-        rm_metrics = train_reward_model(rm, tok, pairs, RMConfig(lr=cfg.rm_lr, max_steps=cfg.rm_steps, seed=cfg.seed,
+        rm_metrics = train_reward_model(rm, tok, pairs, RMConfig(lr=cfg.rm_lr, max_steps=cfg.rm_steps, batch_size=cfg.rm_batch_size, seed=cfg.seed,
                                                                log_every=10**9), output_dir=out / "rm")
         console.print(f"   held-out pairwise accuracy: {rm_metrics['heldout_accuracy_after']:.1%}")
         ppo.model.reward = str(out / "rm")
