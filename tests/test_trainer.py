@@ -55,7 +55,7 @@ def test_logp_old_matches_training_forward_on_a_minibatch(tmp_path):
     diff = (out["logp"] - mb.logp_old).where(mb.response_mask, 0).abs().max()
     assert float(diff.detach()) < 1e-5
     values = tr.critic(mb.input_ids, mb.attention_mask, mb.prompt_width)
-    assert float((values[:, :-1] - mb.values_old).where(mb.response_mask, 0).abs().max()) < 1e-5
+    assert float((values[:, :-1] - mb.values_old).where(mb.response_mask, 0).abs().max().detach()) < 1e-5
 
 
 @pytest.mark.parametrize("critic", ["separate", "shared"])

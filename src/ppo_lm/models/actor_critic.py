@@ -7,7 +7,8 @@ V(x_t) and log π(y_t | x_t) come from the same positions P − 1 … P + T − 
 V(x_{T+1}) for the bootstrap of truncated responses.
 
 Both modules run only the transformer body plus their head on the response positions, so the
-vocabulary projection is never computed for prompt tokens.
+vocabulary projection is never computed for prompt tokens. Qwen2/Llama bodies go through the lean
+forward of :mod:`.lean` (same results; its last layer also skips the prompt positions).
 """
 
 from __future__ import annotations
@@ -15,18 +16,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from . import lean
 from .hf_compat import scalar_head, trunk
 from .logprobs import entropy_and_logprobs, gather_logprobs, position_ids_from_mask
 
 
-def _hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    out = body(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    )
-    return out.last_hidden_state
+def _hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, keep_from: int = 0) -> Tensor:
+    """Final hidden states (B, L − keep_from, d) of positions keep_from … L − 1."""
+    position_ids = position_ids_from_mask(attention_mask)
+    if lean.supported(body):
+        return lean.forward_hidden(body, input_ids, attention_mask, keep_from=keep_from, position_ids=position_ids)
+    out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return out.last_hidden_state[:, keep_from:]
 
 
 class PolicyModel(nn.Module):
@@ -57,10 +58,10 @@ class PolicyModel(nn.Module):
         ``entropy`` (B, T) and ``values`` (B, T + 1) when asked (values need a value head).
         ``entropy_grad=False`` computes the entropy as a detached diagnostic."""
         P = prompt_width
-        hidden = _hidden(trunk(self.lm), input_ids, attention_mask)
-        h = hidden[:, P - 1 : -1]  # contexts x_0 … x_{T-1}
+        hidden = _hidden(trunk(self.lm), input_ids, attention_mask, P - 1)  # contexts x_0 … x_T
+        h = hidden[:, :-1]  # contexts x_0 … x_{T-1}
         labels = input_ids[:, P:]
-        logits = self.lm.get_output_embeddings()(h)
+        logits = lean.head(self.lm.get_output_embeddings(), h)
         if temperature != 1.0:
             logits = logits / temperature
         out: dict[str, Tensor] = {}
@@ -74,7 +75,7 @@ class PolicyModel(nn.Module):
         if with_values:
             if self.value_head is None:
                 raise ValueError("this policy has no value head (critic.kind is not 'shared')")
-            hv = hidden[:, P - 1 :]
+            hv = hidden
             if self.value_grad_scale != 1.0:
                 s = self.value_grad_scale
                 hv = hv * s + hv.detach() * (1.0 - s)
@@ -95,9 +96,8 @@ class CriticModel(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, prompt_width: int) -> Tensor:
         """Returns values (B, T + 1): V(x_t) for t = 0 … T (the last column is V after the block)."""
-        hidden = _hidden(trunk(self.model), input_ids, attention_mask)
-        head = scalar_head(self.model)
-        return head(hidden[:, prompt_width - 1 :]).squeeze(-1).float()
+        hidden = _hidden(trunk(self.model), input_ids, attention_mask, prompt_width - 1)
+        return scalar_head(self.model)(hidden).squeeze(-1).float()
 
 
 REWARD_MEAN_KEY = "ppo_lm_reward_mean"
@@ -113,9 +113,11 @@ def sequence_scores(
     by ``ppo-lm rm`` (``config.ppo_lm_reward_mean/std``) when present. Keeps the caller's grad mode.
     Returns (B,) fp32.
     """
-    hidden = _hidden(trunk(model), input_ids, attention_mask)
+    last_index = last_index.to(input_ids.device)
+    first = int(last_index.min()) if last_index.numel() else 0  # positions before it are never read
+    hidden = _hidden(trunk(model), input_ids, attention_mask, first)
     rows = torch.arange(hidden.shape[0], device=hidden.device)
-    scores = scalar_head(model)(hidden[rows, last_index.to(hidden.device)])[:, 0].float()
+    scores = scalar_head(model)(hidden[rows, last_index - first])[:, 0].float()
     if normalize:
         mean = getattr(model.config, REWARD_MEAN_KEY, None)
         std = getattr(model.config, REWARD_STD_KEY, None)

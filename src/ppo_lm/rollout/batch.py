@@ -7,6 +7,16 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
+WIDTH_STEP = 16
+"""Trimmed response widths are rounded up to a multiple of this (within the block): a few distinct
+tensor shapes instead of one per longest response, so the memory allocator and oneDNN's per-shape
+primitive cache reuse their buffers (peak memory stays flat). Padded positions are masked."""
+
+
+def trimmed_width(longest: int, full: int) -> int:
+    """Response width to keep for a longest response of ``longest`` tokens in a block of ``full``."""
+    return min(-(-longest // WIDTH_STEP) * WIDTH_STEP, full)
+
 
 @dataclass
 class RolloutBatch:
@@ -51,10 +61,10 @@ class RolloutBatch:
         return self.response_mask.sum(1)
 
     def select(self, idx: Tensor, *, trim: bool = True) -> RolloutBatch:
-        """Rows ``idx``; with ``trim`` the response block is cut to the longest selected response,
-        so the update never pays for padding beyond it."""
+        """Rows ``idx``; with ``trim`` the response block is cut to the longest selected response
+        (rounded up by :func:`trimmed_width`), so the update never pays for padding beyond it."""
         T = self.response_mask.shape[1]
-        width = int(self.response_mask[idx].sum(1).max()) if trim and idx.numel() else T
+        width = trimmed_width(int(self.response_mask[idx].sum(1).max()), T) if trim and idx.numel() else T
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)

@@ -2,7 +2,9 @@
 
 One prefill over the left-padded prompts, then one single-token forward per step with a KV cache.
 Sequences that stop leave the decode batch (their cache rows are dropped), so the cost of a step
-follows the number of still-running sequences, not the batch size.
+follows the number of still-running sequences, not the batch size. Qwen2/Llama models decode through
+the lean path of :mod:`ppo_lm.models.lean` (preallocated KV buffers, no per-step mask building);
+other architectures through their own forward and a transformers cache.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..models.hf_compat import cache_kwarg, new_cache
+from ..models import lean
+from ..models.hf_compat import cache_kwarg, new_cache, trunk
 from ..models.logprobs import position_ids_from_mask
 
 
@@ -60,6 +63,73 @@ def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generat
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+class _HFDecoder:
+    """Decoding through the model's own forward and a transformers DynamicCache (any architecture)."""
+
+    def __init__(self, lm: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int):
+        B, P = prompt_ids.shape
+        self.lm, self.P = lm, P
+        self.cache = new_cache(lm)
+        self.ckw = cache_kwarg(type(lm))
+        self.attn = torch.zeros(B, P + max_new_tokens, dtype=prompt_mask.dtype, device=prompt_ids.device)
+        self.attn[:, :P] = prompt_mask
+        self.prompt_ids, self.prompt_mask = prompt_ids, prompt_mask
+
+    def prefill(self) -> Tensor:
+        m = self.prompt_mask
+        return self.lm(input_ids=self.prompt_ids, attention_mask=m, position_ids=position_ids_from_mask(m),
+                       use_cache=True, logits_to_keep=1, **{self.ckw: self.cache}).logits[:, -1]
+
+    def select(self, keep: Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.attn = self.attn[keep]
+
+    def step(self, tokens: Tensor, positions: Tensor, t: int) -> Tensor:
+        """Logits (N, V) after feeding response token ``t`` (N,) at ``positions`` (N,)."""
+        self.attn[:, self.P + t] = 1
+        return self.lm(input_ids=tokens.unsqueeze(-1), attention_mask=self.attn[:, : self.P + t + 1],
+                       position_ids=positions.unsqueeze(-1), use_cache=True, **{self.ckw: self.cache}).logits[:, -1]
+
+
+class _LeanDecoder:
+    """Qwen2/Llama decoding through :mod:`ppo_lm.models.lean`: preallocated key/value buffers, a RoPE
+    table and fused weights built once per call, no mask at all unless a prompt is left-padded."""
+
+    def __init__(self, lm: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int):
+        B, P = prompt_ids.shape
+        self.body, self.head, self.P = trunk(lm), lm.get_output_embeddings(), P
+        dtype, device = self.head.weight.dtype, prompt_ids.device
+        self.cache = lean.KVBuffers(self.body, B, P + max_new_tokens, dtype, device)
+        self.cos_sin = lean.rope_table(self.body, P + max_new_tokens, dtype, device)
+        self.weights = lean.fused_weights(self.body)
+        self.key_valid = None
+        if not bool(prompt_mask.all()):
+            self.key_valid = torch.ones(B, P + max_new_tokens, dtype=torch.bool, device=device)
+            self.key_valid[:, :P] = prompt_mask.bool()
+        self.prompt_ids, self.prompt_mask = prompt_ids, prompt_mask
+
+    def _run(self, ids: Tensor, mask: Tensor, positions: Tensor, cache_pos: int, keep_from: int) -> Tensor:
+        L = cache_pos + ids.shape[1]
+        kv = None if self.key_valid is None else self.key_valid[:, :L]
+        h = lean.forward_hidden(self.body, ids, mask, keep_from=keep_from, position_ids=positions,
+                                cos_sin=self.cos_sin, cache=self.cache, cache_pos=cache_pos, key_valid=kv,
+                                weights=self.weights)
+        return lean.head(self.head, h[:, -1])
+
+    def prefill(self) -> Tensor:
+        m = self.prompt_mask
+        return self._run(self.prompt_ids, m, position_ids_from_mask(m), 0, self.P - 1)
+
+    def select(self, keep: Tensor) -> None:
+        self.cache.select(keep)
+        if self.key_valid is not None:
+            self.key_valid = self.key_valid[keep]
+
+    def step(self, tokens: Tensor, positions: Tensor, t: int) -> Tensor:
+        ids = tokens.unsqueeze(-1)
+        return self._run(ids, torch.ones_like(ids), positions.unsqueeze(-1), self.P + t, 0)
+
+
 @torch.no_grad()
 def generate(
     lm: nn.Module,
@@ -69,9 +139,12 @@ def generate(
     *,
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    lean_path: bool | None = None,
 ) -> Generation:
     """Sample responses for left-padded prompts (B, P) with a causal LM.
 
+    ``lean_path``: None = the lean Qwen2/Llama decoder when the model supports it, else transformers'
+    forward; False forces the transformers path (the two give the same logits within fp32 rounding).
     Returns a :class:`Generation` whose width T is the longest response (≤ ``max_new_tokens``).
     """
     B, P = prompt_ids.shape
@@ -82,26 +155,17 @@ def generate(
     lengths = torch.full((B,), T, dtype=torch.long, device=device)
     terminated = torch.zeros(B, dtype=torch.bool, device=device)
 
-    cache = new_cache(lm)
-    ckw = cache_kwarg(type(lm))
-    attn = torch.zeros(B, P + T, dtype=prompt_mask.dtype, device=device)
-    attn[:, :P] = prompt_mask
-    logits = lm(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        position_ids=position_ids_from_mask(prompt_mask),
-        use_cache=True,
-        logits_to_keep=1,
-        **{ckw: cache},
-    ).logits[:, -1]
-    next_pos = prompt_mask.long().sum(-1)  # (B,)
+    if lean_path is None:
+        lean_path = lean.supported(trunk(lm))
+    decoder = (_LeanDecoder if lean_path else _HFDecoder)(lm, prompt_ids, prompt_mask, T)
+    logits = decoder.prefill()
+    next_pos = prompt_mask.long().sum(-1)  # (B,) position id of the next token
     alive = torch.arange(B, device=device)  # original row of each decode-batch row
     for t in range(T):
         if t < params.min_new_tokens and stop.numel():
             logits = logits.index_fill(-1, stop, float("-inf"))
         tokens = sample_next(logits, params, generator)
         responses[alive, t] = tokens
-        attn[alive, P + t] = 1
         if stop.numel():
             done = torch.isin(tokens, stop)
             if bool(done.any()):
@@ -111,17 +175,12 @@ def generate(
                 keep = (~done).nonzero().squeeze(-1)
                 if keep.numel() == 0:
                     break
+                # Finished rows leave the decode batch, so a step costs what is still running.
                 alive, tokens, next_pos = alive[keep], tokens[keep], next_pos[keep]
-                cache.batch_select_indices(keep)
+                decoder.select(keep)
         if t == T - 1:
             break
-        logits = lm(
-            input_ids=tokens.unsqueeze(-1),
-            attention_mask=attn[alive, : P + t + 1],
-            position_ids=next_pos.unsqueeze(-1),
-            use_cache=True,
-            **{ckw: cache},
-        ).logits[:, -1]
+        logits = decoder.step(tokens, next_pos, t)
         next_pos = next_pos + 1
     width = int(lengths.max()) if B else 0
     mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)

@@ -1,0 +1,282 @@
+"""``ppo-lm bench``: throughput of the real trainer on the benchmark workloads of SPEC §6.
+
+W1 (equal work with the TRL peer, ``shared/bench/trl_ppo_w1.py``): Qwen2-architecture policy,
+reference, reward model and critic (vocab 512, hidden 256, intermediate 1024, 4 layers, 4 heads,
+4 KV heads, untied embeddings, fp32, CPU); 64 prompts of 32 random tokens per iteration; exactly 64
+sampled response tokens (``rollout.min_new_tokens`` = ``max_new_tokens``: EOS cannot be sampled);
+temperature 1; 4 epochs × 2 minibatches of 32; k1 KL β=0.05; clip 0.2; value clip 0.2; vf_coef 0.1;
+γ=1; λ=0.95; separate-body critic initialised from the reward model.
+
+W2: W1 but responses stop early: the words w0…w31 are extra stop tokens (``rollout.stop_tokens``).
+The random-init policy is close to uniform over the 512 tokens, so each step stops with probability
+≈ 32/512 = 1/16 and the mean length is ≈ 16 (a quarter of the 64 limit); the cost should follow.
+
+Everything runs through :class:`ppo_lm.trainer.ppo.PPOTrainer` and its ``train_iteration`` — the
+benchmark has no code path of its own. The models are saved to a temporary directory and loaded
+from there by the trainer exactly as a user's checkpoints would be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+P_LEN, R_LEN, BATCH = 32, 64, 64  # prompt tokens, response tokens, prompts per iteration
+SPECIAL = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Model and batch sizes of a workload; ``TINY`` is for the smoke test only."""
+
+    vocab: int = 512
+    hidden: int = 256
+    intermediate: int = 1024
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 4
+    batch: int = BATCH
+    prompt_len: int = P_LEN
+    response_len: int = R_LEN
+
+
+W1_SHAPE = Shape()
+TINY = Shape(vocab=64, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=4, batch=8, prompt_len=8,
+             response_len=8)
+
+
+def build_tokenizer(vocab: int):
+    """WordLevel tokenizer over '[PAD]' '[UNK]' '[BOS]' '[EOS]' 'w0' … : one word = one token, pad ≠ eos."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [f"w{i}" for i in range(vocab - len(SPECIAL))]
+    backend = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(SPECIAL + words)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                                   bos_token="[BOS]", eos_token="[EOS]", padding_side="left")
+
+
+def qwen2_config(shape: Shape, **extra):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                       num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                       num_key_value_heads=shape.kv_heads, max_position_embeddings=512, pad_token_id=0,
+                       bos_token_id=2, eos_token_id=3, tie_word_embeddings=False, **extra)
+
+
+def save_models(root: Path, shape: Shape, seed: int = 0) -> tuple[str, str, str]:
+    """Random-init policy, one-label reward model and tokenizer saved under ``root``; returns their paths.
+    The tokenizer has its own directory: next to a Qwen2 config.json, AutoTokenizer would pick the
+    Qwen2 BPE class instead of the saved WordLevel tokenizer."""
+    from transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
+
+    torch.manual_seed(seed)
+    policy = Qwen2ForCausalLM(qwen2_config(shape))
+    rm = Qwen2ForSequenceClassification(qwen2_config(shape, num_labels=1))
+    policy.save_pretrained(root / "policy")
+    rm.save_pretrained(root / "reward")
+    build_tokenizer(shape.vocab).save_pretrained(root / "tokenizer")
+    return str(root / "policy"), str(root / "reward"), str(root / "tokenizer")
+
+
+def random_prompts(n: int, shape: Shape, seed: int = 0) -> list[dict]:
+    """``n`` prompts of exactly ``shape.prompt_len`` random words (never a special token)."""
+    rng = random.Random(seed)
+    n_words = shape.vocab - len(SPECIAL)
+    return [{"prompt": " ".join(f"w{rng.randrange(n_words)}" for _ in range(shape.prompt_len))} for _ in range(n)]
+
+
+def make_config(workload: str, shape: Shape, paths: tuple[str, str, str], output_dir: str, iterations: int,
+                threads: int):
+    """The workload as a TrainConfig (``paths`` = policy, reward model, tokenizer directories)."""
+    from .trainer.config import TrainConfig
+
+    cfg = TrainConfig(output_dir=output_dir, iterations=iterations, seed=0, threads=threads)
+    m, r, a, o, log = cfg.model, cfg.rollout, cfg.algo, cfg.optim, cfg.log
+    (m.policy, m.reward, m.tokenizer), m.critic, m.critic_init = paths, "separate", "reward"
+    m.dtype, m.device = "float32", "cpu"
+    cfg.data.shuffle = False
+    r.num_prompts, r.samples_per_prompt, r.max_new_tokens, r.temperature = shape.batch, 1, shape.response_len, 1.0
+    if workload == "w1":
+        r.min_new_tokens = shape.response_len  # EOS is never sampled: exactly 64 tokens, as TRL's W1
+    else:
+        r.stop_tokens = [f"w{i}" for i in range(max(shape.vocab // 16 - 1, 1))]  # + EOS: ≈ 1/16 per step
+    a.estimator, a.kl_coef, a.kl_estimator, a.kl_in = "gae", 0.05, "k1", "reward"
+    a.clip_eps, a.value_clip_eps, a.vf_coef, a.gamma, a.gae_lambda = 0.2, 0.2, 0.1, 1.0, 0.95
+    o.epochs, o.num_minibatches, o.micro_batch_size = 4, 2, 0
+    o.actor_lr, o.critic_lr = 1e-5, 1e-5  # TRL's W1 learning rate; it does not change the work
+    log.progress, log.tensorboard, log.save_every, log.sample_every = False, False, 0, 0
+    return cfg
+
+
+# ---- FLOP count ------------------------------------------------------------------------------------
+def forward_flops(shape: Shape, tokens: float, attn_pairs: float, head_tokens: float, head_out: int) -> float:
+    """FLOPs of one forward: 2 per multiply-add of every linear layer over ``tokens`` tokens, plus
+    attention 2·2·d per (query, key) pair (QKᵀ and AV) over ``attn_pairs`` causal pairs, plus the output
+    head (vocab or 1 wide) on ``head_tokens`` tokens. Norms, RoPE, softmax and activations are ignored."""
+    d, f, L = shape.hidden, shape.intermediate, shape.layers
+    kv = d // shape.heads * shape.kv_heads
+    per_token = L * (2 * d * d + 2 * d * kv + 3 * d * f)
+    return 2 * tokens * per_token + 4 * L * d * attn_pairs + 2 * head_tokens * d * head_out
+
+
+def iteration_flops(shape: Shape, lengths: list[int], epochs: int = 4) -> dict[str, float]:
+    """Useful FLOPs of one PPO iteration for responses of ``lengths`` (padding excluded).
+
+    Per episode with prompt p and response r, S = p + r:
+      generate: prefill + r − 1 decode steps = a causal forward over S − 1 tokens, vocab head on r;
+      score: policy and reference (vocab head on r), critic (scalar head on r + 1), reward (1 token):
+        four causal forwards over S tokens;
+      update: ``epochs`` × (policy + critic) forward + backward, backward = 2 × forward.
+    """
+    p, V = shape.prompt_len, shape.vocab
+    gen = score = upd = 0.0
+    for r in lengths:
+        s = p + r
+        pairs = s * (s + 1) / 2
+        gen += forward_flops(shape, s - 1, (s - 1) * s / 2, r, V)
+        pol = forward_flops(shape, s, pairs, r, V)
+        crit = forward_flops(shape, s, pairs, r + 1, 1)
+        score += 2 * pol + crit + forward_flops(shape, s, pairs, 1, 1)
+        upd += epochs * 3 * (pol + crit)
+    return {"generate": gen, "score": score, "update": upd, "total": gen + score + upd}
+
+
+# ---- measurements ----------------------------------------------------------------------------------
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float]:
+    """Tokens/s of ``transformers`` ``model.generate`` vs ppo-lm's ``rollout.sampling.generate`` on the
+    workload's policy and prompt batch (B × P prompts, exactly R sampled tokens, temperature 1)."""
+    from .rollout.sampling import SamplingParams, generate
+
+    tok, lm = trainer.tokenizer, trainer.policy.lm
+    R = shape.response_len  # W1's sampling on either workload: exactly R tokens, EOS masked
+    params = SamplingParams(max_new_tokens=R, min_new_tokens=R, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
+    rows = trainer.prompts_for(1)
+    enc = tok([r["prompt"] for r in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    n_tokens = ids.shape[0] * R
+    lm.eval()
+
+    def hf():
+        lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                    max_new_tokens=R, min_new_tokens=R,
+                    pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+
+    def ours():
+        generate(lm, ids, mask, params, pad_token_id=tok.pad_token_id,
+                 generator=torch.Generator().manual_seed(0))
+
+    out = {}
+    for name, fn in (("hf_generate", hf), ("ppo_lm_generate", ours)):
+        fn()  # warm-up
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        out[f"{name}_tokens_per_s"] = n_tokens / min(times)
+    out["generate_speedup_vs_hf"] = out["ppo_lm_generate_tokens_per_s"] / out["hf_generate_tokens_per_s"]
+    return out
+
+
+def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_out: bool = False, *,
+              warmup: int = 1, tiny: bool = False, compare_hf_generate: bool = False) -> dict:
+    """Build the workload, run ``warmup + iterations`` trainer iterations and report throughput.
+
+    Per-phase seconds are medians over the timed iterations (the ``warmup`` first ones are dropped);
+    ``episodes_per_s`` = batch / median ``iteration_s``. Prints a table, or one JSON line if ``json_out``.
+    """
+    from .trainer.ppo import PPOTrainer
+
+    if workload not in ("w1", "w2"):
+        raise ValueError(f"unknown workload {workload!r}; choose w1 or w2")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" / "Loading weights" bars: noise here
+    shape = TINY if tiny else W1_SHAPE
+    if threads:
+        torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory(prefix="ppo-lm-bench-") as tmp:
+        root = Path(tmp)
+        paths = save_models(root, shape)
+        cfg = make_config(workload, shape, paths, str(root / "run"), warmup + iterations, threads)
+        rows = random_prompts(shape.batch * (warmup + iterations), shape)
+        trainer = PPOTrainer(cfg, prompt_rows=rows)
+        history, flops = [], []
+        for it in range(1, warmup + iterations + 1):
+            history.append(trainer.train_iteration(it))
+            lengths = trainer._last_batch.response_mask.sum(1).tolist()
+            flops.append(iteration_flops(shape, lengths, cfg.optim.epochs))
+        rss_mb = peak_rss_mb()  # the trainer's peak, before the optional generate comparison
+        extra = compare_generate(trainer, shape) if compare_hf_generate else {}
+
+    timed, timed_flops = history[warmup:], flops[warmup:]
+
+    def med(key: str) -> float:
+        return statistics.median(m[key] for m in timed)
+
+    it_s = med("iteration_s")
+    result = {
+        "system": "ppo-lm", "workload": workload.upper() + ("-tiny" if tiny else ""), "iterations": len(timed),
+        "threads": torch.get_num_threads(), "s_per_iteration": round(it_s, 3),
+        "episodes_per_s": round(shape.batch / it_s, 3),
+        **{k: round(med(k), 3) for k in ("generate_s", "score_s", "advantage_s", "update_s")},
+        "rollout_tokens_per_s": round(med("rollout_tokens_per_s"), 1),
+        "update_tokens_per_s": round(med("update_tokens_per_s"), 1),
+        "response_length_mean": round(statistics.mean(m["response_length_mean"] for m in timed), 2),
+        "gflop_per_iteration": round(statistics.mean(f["total"] for f in timed_flops) / 1e9, 1),
+        "achieved_gflop_per_s": round(statistics.median(f["total"] / m["iteration_s"] for f, m in
+                                                        zip(timed_flops, timed)) / 1e9, 1),
+        "update_gflop_per_s": round(statistics.median(f["update"] / m["update_s"] for f, m in
+                                                      zip(timed_flops, timed)) / 1e9, 1),
+        "warmup_s": round(sum(m["iteration_s"] for m in history[:warmup]), 3),
+        "peak_rss_mb": round(rss_mb),
+        "torch": torch.__version__, "nproc": os.cpu_count(), "machine": platform.machine(),
+    }
+    result.update({k: round(v, 2) for k, v in extra.items()})
+    if json_out:
+        print(json.dumps(result), flush=True)
+    else:
+        width = max(map(len, result))
+        for k, v in result.items():
+            print(f"{k:<{width}}  {v}")
+    return result
+
+
+def cmd_bench(argv: list[str]) -> int:
+    """``ppo-lm bench --workload w1 --iterations N [--threads 2] [--json] [--compare-hf-generate]``."""
+    ap = argparse.ArgumentParser(prog="ppo-lm bench", description="Throughput of the PPO trainer on the "
+                                 "benchmark workloads W1 (fixed 64-token responses) and W2 (early stops).")
+    ap.add_argument("--workload", choices=["w1", "w2"], default="w1")
+    ap.add_argument("--iterations", type=int, default=3, help="timed iterations (after --warmup)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--json", action="store_true", help="print one JSON line")
+    ap.add_argument("--compare-hf-generate", action="store_true",
+                    help="also time transformers' model.generate against ppo-lm's sampler on the same batch")
+    ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests only
+    args = ap.parse_args(argv)
+    if args.iterations < 1 or args.warmup < 0:
+        ap.error("--iterations must be >= 1 and --warmup >= 0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    run_bench(args.workload, args.iterations, args.threads, args.json, warmup=args.warmup, tiny=args.tiny,
+              compare_hf_generate=args.compare_hf_generate)
+    return 0

@@ -1,0 +1,68 @@
+"""``ppo-lm bench``: a smoke run at a tiny scale (the full W1 size takes minutes), the FLOP count,
+and the workload settings that make W1 equal work with the TRL peer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ppo_lm import bench
+from ppo_lm.cli import main
+
+KEYS = {"episodes_per_s", "peak_rss_mb", "s_per_iteration", "generate_s", "score_s", "advantage_s", "update_s",
+        "rollout_tokens_per_s", "update_tokens_per_s", "achieved_gflop_per_s", "gflop_per_iteration",
+        "response_length_mean"}
+
+
+def _run(capsys, *args) -> dict:
+    assert main(["bench", "--tiny", "--iterations", "1", "--json", *args]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert len(lines) == 1
+    return json.loads(lines[0])
+
+
+def test_w1_smoke_json(capsys):
+    r = _run(capsys, "--workload", "w1", "--compare-hf-generate", "--threads", "1")
+    assert KEYS | {"hf_generate_tokens_per_s", "ppo_lm_generate_tokens_per_s", "generate_speedup_vs_hf"} <= set(r)
+    assert r["workload"] == "W1-tiny" and r["iterations"] == 1 and r["threads"] == 1
+    assert r["response_length_mean"] == bench.TINY.response_len  # EOS can never be sampled in W1
+    assert r["episodes_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["achieved_gflop_per_s"] > 0
+    assert r["episodes_per_s"] == pytest.approx(bench.TINY.batch / r["s_per_iteration"], rel=1e-2)
+
+
+def test_w2_stops_early(capsys):
+    r = _run(capsys, "--workload", "w2", "--warmup", "0")
+    assert KEYS <= set(r)
+    assert r["response_length_mean"] < bench.TINY.response_len
+
+
+def test_w1_config_is_the_spec_workload(tmp_path):
+    cfg = bench.make_config("w1", bench.W1_SHAPE, ("p", "r", "t"), str(tmp_path), 2, 2)
+    r, a, o = cfg.rollout, cfg.algo, cfg.optim
+    assert (r.num_prompts, r.max_new_tokens, r.min_new_tokens, r.temperature) == (64, 64, 64, 1.0)
+    assert (o.epochs, o.num_minibatches) == (4, 2)
+    assert (a.kl_estimator, a.kl_coef, a.clip_eps, a.value_clip_eps, a.vf_coef, a.gamma, a.gae_lambda) == (
+        "k1", 0.05, 0.2, 0.2, 0.1, 1.0, 0.95)
+    assert (cfg.model.critic, cfg.model.critic_init, cfg.model.dtype) == ("separate", "reward", "float32")
+    w2 = bench.make_config("w2", bench.W1_SHAPE, ("p", "r", "t"), str(tmp_path), 2, 2)
+    assert w2.rollout.min_new_tokens == 0 and len(w2.rollout.stop_tokens) == 31  # + EOS = 1/16 of 512
+
+
+def test_prompts_are_exactly_the_prompt_length():
+    tok = bench.build_tokenizer(bench.W1_SHAPE.vocab)
+    rows = bench.random_prompts(5, bench.W1_SHAPE)
+    lengths = [len(x) for x in tok([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"]]
+    assert lengths == [32] * 5
+    assert tok.pad_token_id != tok.eos_token_id
+
+
+def test_flop_count_of_w1():
+    f = bench.iteration_flops(bench.W1_SHAPE, [64] * 64)
+    assert 1.45e12 < f["total"] < 1.65e12  # SPEC §6: ≈ 1.5 TFLOP per iteration
+    s = bench.W1_SHAPE
+    policy = bench.forward_flops(s, 96, 96 * 97 / 2, 64, 512)  # 2·params·tokens + attention + vocab head
+    critic = bench.forward_flops(s, 96, 96 * 97 / 2, 65, 1)
+    assert policy == pytest.approx(96 * 2 * 4 * (4 * 256**2 + 3 * 256 * 1024) + 4 * 4 * 256 * 96 * 97 / 2
+                                   + 64 * 2 * 256 * 512)
+    assert f["update"] == pytest.approx(64 * 4 * 3 * (policy + critic))  # backward = 2 × forward
