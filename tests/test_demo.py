@@ -49,6 +49,6 @@ def test_sft_and_rm_commands(tmp_path):
 def test_demo_accuracy_rises(tmp_path):
     """A short real run: PPO raises held-out accuracy over the SFT policy."""
     cfg = DemoConfig(output_dir=str(tmp_path), threads=2, eval_every=1000)
-    cfg.ppo.iterations = 60
+    cfg.ppo.iterations = 150
     summary = run_demo(cfg)
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.08, summary
