@@ -45,35 +45,27 @@ def init_from_env(timeout_s: float = 600.0) -> bool:
     return True
 
 
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum ``t`` over ranks (returns a new tensor; the input is left untouched)."""
+def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
     if not is_initialized():
         return t
-    out = t.detach().clone()
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    out = t.detach().clone()  # a new tensor: the input is left untouched
+    dist.all_reduce(out, op=op)
     return out
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``t`` over ranks."""
+    return _all_reduce(t, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
-    if not is_initialized():
-        return t
-    out = t.detach().clone()
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return out
+    """Elementwise maximum of ``t`` over ranks."""
+    return _all_reduce(t, dist.ReduceOp.MAX)
 
 
 def barrier() -> None:
     if is_initialized():
         dist.barrier()
-
-
-def broadcast_object(obj):
-    """Send a picklable object from rank 0 to every rank."""
-    if not is_initialized():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def destroy() -> None:
