@@ -69,7 +69,13 @@ def barrier() -> None:
 
 
 def destroy() -> None:
+    """Leave the process group once every rank is done with it.
+
+    The barrier matters: a rank that tears down its gloo pairs while a peer still has traffic in
+    flight (rank 0 gathering a full state dict, say) can abort the peer with ``terminate called``.
+    """
     if is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
