@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -57,19 +58,42 @@ def batch(B=6, T=7, seed=0):
 
 
 class TwoRanks:
-    """Simulate a 2-rank all_reduce(sum): a first pass records each rank's stats tensor, a second pass
-    answers every rank with the sum of both."""
+    """Run ``fn`` on two simulated ranks at once (threads) whose ``all_reduce`` sums over both, call
+    by call, like torch.distributed's. ``calls`` counts the all-reduces of one rank."""
 
     def __init__(self):
-        self.recorded: list[torch.Tensor] = []
+        self.calls = 0
 
-    def record(self, t: torch.Tensor) -> torch.Tensor:
-        self.recorded.append(t.clone())
-        return t
+    def run(self, fn, shards: list[tuple]) -> list:
+        barrier = threading.Barrier(2)
+        slots: list = [None, None]
+        results: list = [None, None]
+        errors: list = []
 
-    def reduce(self, t: torch.Tensor) -> torch.Tensor:
-        assert any(torch.equal(t, r) for r in self.recorded), "stats tensor differs between passes"
-        return self.recorded[0] + self.recorded[1]
+        def rank(r: int):
+            def all_reduce(t):
+                slots[r] = t.clone()
+                barrier.wait(timeout=30)
+                total = slots[0] + slots[1]
+                barrier.wait(timeout=30)  # both read the sums before the next call overwrites them
+                if r == 0:
+                    self.calls += 1
+                return total
+
+            try:
+                results[r] = fn(*shards[r], all_reduce=all_reduce)
+            except Exception as e:  # surfaced in the test thread
+                errors.append(e)
+                barrier.abort()
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
 
 
 # ----------------------------------------------------------------------------- masked stats / whiten
@@ -143,14 +167,23 @@ def test_whiten_all_reduce_equals_whitening_the_concatenated_batch():
     x, mask = batch(B=8, T=6, seed=6)
     full = whiten(x, mask)
     halves = [(x[:3], mask[:3]), (x[3:], mask[3:])]  # uneven split: 3 + 5 rows
-    ranks = TwoRanks()
-    for xi, mi in halves:
-        whiten(xi, mi, all_reduce=ranks.record)
-    out = torch.cat([whiten(xi, mi, all_reduce=ranks.reduce) for xi, mi in halves])
+    out = torch.cat(TwoRanks().run(whiten, halves))
     torch.testing.assert_close(out, full, rtol=1e-12, atol=1e-12)
     # without the reduction each rank would use its own (different) statistics
     local = torch.cat([whiten(xi, mi) for xi, mi in halves])
     assert not torch.allclose(local, full)
+
+
+def test_whiten_fp32_large_mean_small_spread():
+    """|mean| ≫ std in fp32 (scores near a constant): the one-pass E[x²] − mean² variance would be
+    pure rounding noise here; the two-pass one matches the float64 result."""
+    g = torch.Generator().manual_seed(3)
+    mask = rand_mask(16, 8, g, min_len=2)
+    x64 = 1000 + 0.01 * torch.randn(16, 8, generator=g, dtype=F64)
+    x32 = x64.float()
+    w = whiten(x32, mask)
+    assert w.dtype == torch.float32
+    torch.testing.assert_close(w.double(), whiten(x32.double(), mask), rtol=0, atol=0.05)
 
 
 def test_whiten_bad_input():
@@ -325,11 +358,8 @@ def test_reinforce_pp_default_gamma_is_one_and_all_reduce():
     rewards = torch.randn(8, 5, generator=g, dtype=F64)
     full = reinforce_pp_advantages(rewards, mask)
     torch.testing.assert_close(full, ref_reinforce_pp(rewards, mask, 1.0), rtol=1e-10, atol=1e-10)
-    ranks = TwoRanks()
     halves = [(rewards[:5], mask[:5]), (rewards[5:], mask[5:])]
-    for r, m in halves:
-        reinforce_pp_advantages(r, m, all_reduce=ranks.record)
-    out = torch.cat([reinforce_pp_advantages(r, m, all_reduce=ranks.reduce) for r, m in halves])
+    out = torch.cat(TwoRanks().run(reinforce_pp_advantages, halves))
     torch.testing.assert_close(out, full, rtol=1e-12, atol=1e-12)
 
 
@@ -480,9 +510,9 @@ def test_registry_reinforce_pp():
     adv, ret = compute_advantages("reinforce++", x, AdvantageSettings(gamma=1.0))
     assert ret is None
     assert torch.equal(adv, reinforce_pp_advantages(x.rewards, x.mask, gamma=1.0))
-    ranks = TwoRanks()
-    compute_advantages("reinforce++", x, all_reduce=ranks.record)
-    assert len(ranks.recorded) == 1  # the all_reduce is passed through to the whitening
+    seen = []
+    compute_advantages("reinforce++", x, all_reduce=lambda t: seen.append(t) or t)
+    assert seen  # the all_reduce is passed through to the whitening
 
 
 def test_registry_bad_input():

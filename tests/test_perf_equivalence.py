@@ -21,7 +21,7 @@ from transformers import (
 from ppo_lm.models import lean
 from ppo_lm.models.actor_critic import CriticModel, PolicyModel, sequence_scores
 from ppo_lm.models.logprobs import position_ids_from_mask
-from ppo_lm.rollout.collect import _length_groups
+from ppo_lm.rollout.batch import length_groups
 from ppo_lm.rollout.sampling import SamplingParams, _HFDecoder, _LeanDecoder, generate
 
 V, P, T = 40, 6, 7
@@ -194,12 +194,12 @@ def test_onednn_linear_matches_f_linear():
 def test_scoring_groups_follow_lengths():
     """Equal lengths: one forward over the batch; skewed lengths: length-sorted groups, each cut to its
     own longest response; every row exactly once either way."""
-    same = _length_groups(torch.full((64,), 64), 0)
+    same = length_groups(torch.full((64,), 64), 0)
     assert len(same) == 1 and same[0][1] == 64
     lengths = torch.tensor([64] * 4 + [3] * 60)
-    groups = _length_groups(lengths, 0)
+    groups = length_groups(lengths, 0)
     assert len(groups) > 1 and sorted(torch.cat([g for g, _ in groups]).tolist()) == list(range(64))
     assert all(int(lengths[g].max()) <= w <= int(lengths[g].max()) + 15 for g, w in groups)
     assert min(w for _, w in groups) == 16  # widths come in steps of 16 (few distinct shapes)
-    fixed = _length_groups(lengths, 10)
+    fixed = length_groups(lengths, 10)
     assert [len(g) for g, _ in fixed] == [10] * 6 + [4]

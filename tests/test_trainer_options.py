@@ -54,3 +54,35 @@ def test_micro_batches_give_the_full_minibatch_gradient(tmp_path):
     full, accumulated = run(0), run(1)
     for k in full:
         assert torch.allclose(full[k], accumulated[k], atol=1e-5, rtol=0), k
+
+
+def test_update_groups_rows_by_length_with_the_same_gradient(tmp_path):
+    """micro_batch_size = 0 splits a minibatch of skewed lengths into length-sorted micro-batches,
+    each cut to its own longest response (the update's cost follows the real lengths); the updated
+    weights equal those of one forward/backward over the whole minibatch."""
+    from ppo_lm.trainer.update import _micro_batches
+
+    def build(micro):
+        cfg = tiny_config(tmp_path / str(micro), rollout__num_prompts=32, rollout__max_new_tokens=48,
+                          optim__micro_batch_size=micro, optim__num_minibatches=1, optim__epochs=1)
+        cfg.rollout.stop_tokens = list("0123456789")
+        return PPOTrainer(cfg, verifier=length_reward)
+
+    tr = build(0)
+    batch = tr.rollout(1)
+    rows = torch.arange(batch.size)
+    groups = _micro_batches(rows, batch, 0)
+    assert len(groups) > 1, batch.lengths
+    assert sorted(torch.cat(groups).tolist()) == rows.tolist()
+    longest = [int(batch.lengths[g].max()) for g in groups]
+    assert longest == sorted(longest) and longest[0] < longest[-1]
+    assert [len(g) for g in _micro_batches(rows, batch, 5)] == [5] * 6 + [2]
+
+    def updated(tr):
+        tr.learn(batch, 1)
+        return {k: v.detach().clone() for k, v in tr.policy.state_dict().items()} | {
+            f"c.{k}": v.detach().clone() for k, v in tr.critic.state_dict().items()}
+
+    grouped, whole = updated(tr), updated(build(32))
+    for k in whole:
+        assert torch.allclose(grouped[k], whole[k], atol=1e-5, rtol=0), k

@@ -121,17 +121,23 @@ def adaptive_lambda(lengths: Tensor, alpha: float) -> Tensor:
 def masked_mean_var(
     x: Tensor, mask: Tensor, *, unbiased: bool = True, all_reduce: AllReduce | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Mean and variance of ``x`` over valid positions (summed over ranks by ``all_reduce``)."""
+    """Mean and variance of ``x`` over valid positions (summed over ranks by ``all_reduce``).
+
+    Two passes (mean, then squared deviations from it): the one-pass E[x²] − mean² loses all
+    precision when |mean| ≫ std, e.g. fp32 rewards near a constant score.
+    """
     m = check_mask(mask)
-    xm = x.where(m, 0)
-    sums = torch.stack([m.sum().to(x.dtype), xm.sum(), xm.square().sum()])
+    sums = torch.stack([m.sum().to(x.dtype), x.where(m, 0).sum()])
     if all_reduce is not None:
         sums = all_reduce(sums)
-    n, s, ss = sums.unbind()
+    n, s = sums.unbind()
     if float(n) == 0:
         raise ValueError("`mask` has no valid positions")
     mean = s / n
-    var = (ss / n - mean.square()).clamp_min(0)
+    ss = (x - mean).where(m, 0).square().sum()
+    if all_reduce is not None:
+        ss = all_reduce(ss)
+    var = ss / n
     if unbiased:
         var = var * n / (n - 1) if float(n) > 1 else torch.zeros_like(var)
     return mean, var

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from ..models.actor_critic import CriticModel, PolicyModel
 from ..models.sharding import gathered
-from .batch import RolloutBatch, trimmed_width
+from .batch import RolloutBatch, length_groups
 from .reward import Verifier, score_with_model, score_with_verifier
 from .sampling import SamplingParams, generate
 
@@ -24,34 +24,6 @@ class RolloutModels:
     reward_model: nn.Module | None = None
     verifier: Verifier | None = None
     gold_verifier: Verifier | None = None  # scored for monitoring only
-
-
-def _length_groups(lengths: Tensor, size: int) -> list[tuple[Tensor, int]]:
-    """Row groups for the scoring forwards, as (row indices, response width to keep).
-
-    Rows are taken in order of response length, so each forward is cut to its own longest response
-    (rounded up by :func:`trimmed_width`) and its cost follows the real lengths. ``size`` > 0: groups
-    of that many rows; 0: the whole batch, or 2/4 equal groups when that saves at least 15 % of the
-    response positions. The results are those of one forward over the batch (each row's tokens and
-    mask are unchanged; padding after a response cannot reach it under the causal mask).
-    """
-    order = torch.argsort(lengths, stable=True)
-    n = order.numel()
-
-    def split(k: int) -> list[Tensor]:
-        return list(order.tensor_split(k)) if k > 1 else [order]
-
-    if size:
-        groups = [order[i : i + size] for i in range(0, n, size)]
-    else:
-        cost = {k: sum(int(g.numel()) * int(lengths[g].max()) for g in split(k)) for k in (1, 2, 4) if n >= 8 * k}
-        k = 1
-        for cand in (2, 4):
-            if cand in cost and cost[cand] <= 0.85 * cost[k]:
-                k = cand
-        groups = split(k)
-    full = int(lengths.max())
-    return [(g, trimmed_width(int(lengths[g].max()), full)) for g in groups if g.numel()]
 
 
 def _strip_special(tokenizer, ids: Tensor, mask: Tensor) -> list[str]:
@@ -103,7 +75,7 @@ def collect_rollout(
     if models.critic is not None or models.shared_critic:
         values_all = torch.zeros(B, T + 1, device=device)
     lengths = gen.mask.sum(1)
-    groups = _length_groups(lengths, forward_batch_size)  # (rows, response width) per forward
+    groups = length_groups(lengths, forward_batch_size, prompt_width=P)  # (rows, response width) per forward
     # logp_old uses the training forward (not the decode logits) so the first update's ratio is 1.
     with torch.no_grad():
         for rows, w in groups:

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from .. import distributed as dist
 from ..algorithms import aggregate, kl_penalty, value_loss
 from ..models.actor_critic import CriticModel, PolicyModel
-from ..rollout.batch import RolloutBatch
+from ..rollout.batch import RolloutBatch, length_groups
 from .config import TrainConfig
 
 
@@ -117,6 +117,24 @@ def _grad_norm_and_clip(params: list[nn.Parameter], max_norm: float) -> float:
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor under FSDP
 
 
+def _micro_batches(mb_idx: Tensor, batch: RolloutBatch, size: int) -> list[Tensor]:
+    """The minibatch's rows as length-sorted micro-batches, so each forward/backward is cut to its own
+    longest response and the update's cost follows the real lengths. ``size`` > 0: micro-batches of
+    that many rows; 0: one, or a few when that saves enough padding (``length_groups``).
+
+    The loss is normalised by the minibatch's global count, so the gradient does not depend on the
+    grouping. Every rank runs the same number of micro-batches: DDP's forward and FSDP's all-gathers
+    are collectives.
+    """
+    lengths = batch.response_mask[mb_idx].sum(1)
+    groups = length_groups(lengths, size, prompt_width=batch.prompt_width)
+    if not size and dist.world_size() > 1:
+        k = int(dist.all_reduce_max(torch.tensor(len(groups))))
+        if k != len(groups):
+            groups = length_groups(lengths, num_groups=k, prompt_width=batch.prompt_width)
+    return [mb_idx[g] for g, _ in groups]
+
+
 def ppo_update(
     ctx: UpdateContext,
     batch: RolloutBatch,
@@ -135,7 +153,6 @@ def ppo_update(
     world = dist.world_size()
     B = batch.size
     mb_size = B // o.num_minibatches
-    micro = o.micro_batch_size or mb_size
     horizon = float(cfg.rollout.max_new_tokens)
     temperature = cfg.rollout.temperature or 1.0
     has_critic = batch.values_old is not None and ctx.critic_params
@@ -155,7 +172,7 @@ def ppo_update(
             # DDP averages gradients over ranks, so each rank divides by count/world.
             denom = count / world
             finite = True
-            micro_batches = mb_idx.split(micro)
+            micro_batches = _micro_batches(mb_idx, batch, o.micro_batch_size)
             for j, micro_idx in enumerate(micro_batches):
                 mbat = batch.select(micro_idx)
                 m = mbat.response_mask
