@@ -23,7 +23,7 @@ def _mean(xs):
     [("gae", {}), ("grpo", {"rollout__samples_per_prompt": 4}), ("rloo", {"rollout__samples_per_prompt": 4})],
 )
 def test_score_rises_on_toy_reward(tmp_path, estimator, extra):
-    cfg = tiny_config(tmp_path, iterations=14, algo__estimator=estimator, optim__actor_lr=1e-3, **extra)
+    cfg = tiny_config(tmp_path, iterations=14, algo__estimator=estimator, optim__actor_lr=3e-3, **extra)
     cfg.rollout.num_prompts = 32 if estimator == "gae" else 8
     history = PPOTrainer(cfg, verifier=count_sevens).train()
     first = _mean([m["score"] for m in history[:3]])
