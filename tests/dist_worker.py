@@ -18,12 +18,28 @@ from ppo_lm import distributed as dist  # noqa: E402
 from ppo_lm.trainer.ppo import PPOTrainer  # noqa: E402
 
 
-def build(out_dir: str, critic: str = "separate", fsdp: bool = False) -> PPOTrainer:
+def build(out_dir: str, critic: str = "separate", fsdp: bool = False, reward: str | None = None) -> PPOTrainer:
+    """``reward``: a reward-model checkpoint (scores from it; the critic starts from it), else the
+    length verifier."""
     cfg = tiny_config(out_dir, rollout__num_prompts=8, rollout__max_new_tokens=6, optim__epochs=2,
                       optim__num_minibatches=1, optim__micro_batch_size=2, model__critic=critic, model__fsdp=fsdp)
+    if reward:
+        cfg.model.reward = reward
     cfg.threads = 1
     cfg.rollout.stop_tokens = list("0123456789")  # ~12% stop chance per step: varied lengths
     return PPOTrainer(cfg, verifier=length_reward)
+
+
+def save_reward_model(path: str) -> str:
+    """A tiny one-label reward model with the built-in policy's architecture and tokenizer."""
+    from ppo_lm.stages import build_reward_model_from_policy_config
+    from ppo_lm.tasks.equations import build_tiny_policy
+    from ppo_lm.trainer import builders
+
+    cfg = tiny_config(path)
+    policy = build_tiny_policy(builders.build_tokenizer(cfg.model), seed=5, hidden_size=cfg.model.builtin_hidden_size)
+    build_reward_model_from_policy_config(policy.config, policy, seed=5).save_pretrained(path)
+    return path
 
 
 def fixed_rollout(tr: PPOTrainer):
@@ -51,7 +67,8 @@ def weights(tr: PPOTrainer) -> dict[str, torch.Tensor]:
 
 def main() -> None:
     out_dir, critic, fsdp = sys.argv[1], sys.argv[2], sys.argv[3] == "fsdp"
-    tr = build(out_dir, critic, fsdp)
+    reward = sys.argv[4] if len(sys.argv) > 4 else None
+    tr = build(out_dir, critic, fsdp, reward)
     batch = fixed_rollout(tr)
     B = batch.size
     r, w = dist.rank(), dist.world_size()
@@ -60,7 +77,10 @@ def main() -> None:
     final = weights(tr)
     if dist.is_main():
         os.makedirs(out_dir, exist_ok=True)
-        torch.save({"weights": final, "metrics": metrics}, os.path.join(out_dir, "result.pt"))
+        from ppo_lm.models.sharding import is_sharded
+
+        sharded = {k: is_sharded(getattr(tr, k)) for k in ("policy", "critic", "ref", "reward_model")}
+        torch.save({"weights": final, "metrics": metrics, "sharded": sharded}, os.path.join(out_dir, "result.pt"))
     dist.destroy()
 
 

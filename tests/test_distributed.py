@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_worker import build, fixed_rollout, weights
+from dist_worker import build, fixed_rollout, save_reward_model, weights
 
 from ppo_lm.trainer.checkpoint import latest_checkpoint
 
@@ -33,19 +33,25 @@ def _torchrun(args: list[str], timeout: float, env_extra: dict | None = None) ->
 
 @pytest.mark.parametrize("critic,mode", [("separate", "ddp"), ("shared", "ddp"), ("separate", "fsdp")])
 def test_two_ranks_match_one_process(tmp_path, critic, mode):
-    proc = _torchrun([str(HERE / "dist_worker.py"), str(tmp_path / "dp"), critic, mode], timeout=300)
+    """With FSDP the run also has a reward model: policy, critic, reference and reward model are all
+    sharded, and the scores, reference KL and updated weights still match one process."""
+    reward = save_reward_model(str(tmp_path / "rm")) if mode == "fsdp" else None
+    args = [str(HERE / "dist_worker.py"), str(tmp_path / "dp"), critic, mode] + ([reward] if reward else [])
+    proc = _torchrun(args, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     dp = torch.load(tmp_path / "dp" / "result.pt", weights_only=False)
+    if reward:
+        assert dp["sharded"] == {"policy": True, "critic": True, "ref": True, "reward_model": True}
 
     torch.set_num_threads(1)
-    tr = build(str(tmp_path / "single"), critic)
+    tr = build(str(tmp_path / "single"), critic, reward=reward)
     batch = fixed_rollout(tr)
     lengths = batch.response_mask.sum(1)
     assert lengths[:4].sum() != lengths[4:].sum(), "ranks must hold different token counts"
     single_metrics = tr.learn(batch, 1)
     single = weights(tr)
 
-    init = weights(build(str(tmp_path / "init"), critic))
+    init = weights(build(str(tmp_path / "init"), critic, reward=reward))
     moved = max(float((single[k] - init[k]).abs().max()) for k in single)
     assert moved > 1e-4, "the update must change the weights for the comparison to mean anything"
     assert single.keys() == dp["weights"].keys()

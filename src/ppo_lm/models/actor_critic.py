@@ -124,3 +124,16 @@ def sequence_scores(
         if mean is not None and std is not None:
             scores = (scores - mean) / std
     return scores
+
+
+class RewardScorer(nn.Module):
+    """A sequence-classification reward model as one module whose ``forward`` scores sequences (see
+    :func:`sequence_scores`): the root unit FSDP shards (its hooks gather embeddings, norm and head)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, last_index: Tensor) -> Tensor:
+        """(B, L) ids/mask, (B,) positions of the last response token → (B,) fp32 scores."""
+        return sequence_scores(self.model, input_ids, attention_mask, last_index)

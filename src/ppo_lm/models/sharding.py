@@ -1,4 +1,5 @@
-"""FSDP2 (``fully_shard``) for the trainable models, and full-state-dict checkpoint I/O for them.
+"""FSDP2 (``fully_shard``) for policy, critic and the frozen reference and reward models, and
+full-state-dict checkpoint I/O for the trainable ones.
 
 Layout: every decoder layer of a model's body is its own FSDP unit, and the wrapper module the loop
 calls (``PolicyModel`` / ``CriticModel``) is the root unit holding embeddings, final norm and heads.
@@ -63,6 +64,12 @@ def gathered(root: nn.Module):
         for m in units:
             m.set_reshard_after_forward(True, recurse=False)
             m.reshard()
+
+
+def frozen_mode(module: nn.Module | None):
+    """Grad mode for a frozen model's forward: ``inference_mode``, or ``no_grad`` when it is sharded
+    (FSDP writes the gathered parameters into its own buffers, which inference mode forbids)."""
+    return torch.no_grad() if is_sharded(module) else torch.inference_mode()
 
 
 def _options(**kw):

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.actor_critic import CriticModel, PolicyModel
-from ..models.sharding import gathered
+from ..models.sharding import frozen_mode, gathered
 from .batch import RolloutBatch, length_groups
 from .reward import Verifier, score_with_model, score_with_verifier
 from .sampling import SamplingParams, generate
@@ -86,7 +86,7 @@ def collect_rollout(
                 values_all[rows, : w + 1] = out["values"]
             elif models.critic is not None:
                 values_all[rows, : w + 1] = models.critic(ids, mask, P)
-    with torch.inference_mode():
+    with frozen_mode(models.ref):
         for rows, w in groups:
             logp_ref[rows, :w] = models.ref(input_ids[rows, : P + w], attention_mask[rows, : P + w], P,
                                             temperature=temperature)["logp"]

@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..models.actor_critic import sequence_scores
+from ..models.actor_critic import RewardScorer, sequence_scores
+from ..models.sharding import frozen_mode
 
 Verifier = Callable[..., Sequence[float]]
 """``f(prompts: list[str], responses: list[str], **columns) -> list[float]``; columns are the extra
@@ -64,10 +65,16 @@ def score_with_verifier(
     return torch.tensor(values, dtype=torch.float32)
 
 
-@torch.inference_mode()
 def score_with_model(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, last_index: Tensor) -> Tensor:
-    """Reward-model scores read at ``last_index`` (B,) (the last response token). (B,) fp32."""
-    scores = sequence_scores(model, input_ids, attention_mask, last_index)
+    """Reward-model scores read at ``last_index`` (B,) (the last response token). (B,) fp32.
+
+    ``model``: a sequence-classification model, or a :class:`RewardScorer` around one (FSDP-sharded
+    or not)."""
+    with frozen_mode(model):
+        if isinstance(model, RewardScorer):
+            scores = model(input_ids, attention_mask, last_index)
+        else:
+            scores = sequence_scores(model, input_ids, attention_mask, last_index)
     if not bool(torch.isfinite(scores).all()):
         raise RewardError("the reward model returned a non-finite score")
     return scores.clone()

@@ -27,6 +27,8 @@ from ..algorithms import (
     shape_rewards,
     whiten,
 )
+from ..models import sharding
+from ..models.actor_critic import RewardScorer
 from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
 from ..rollout.sampling import SamplingParams
@@ -108,6 +110,12 @@ class PPOTrainer:
             if a.adaptive_kl_target is not None else FixedKLController(a.kl_coef)
         )
         self.update_ctx = UpdateContext.build(cfg, self.policy, self.critic, self.device)
+        if self.reward_model is not None:
+            self.reward_model = RewardScorer(self.reward_model)
+        if cfg.model.fsdp and dist.is_initialized():  # the frozen models too: each rank holds 1/world of them
+            sharding.shard(self.ref, self.ref.lm, bf16=cfg.model.fsdp_bf16)
+            if self.reward_model is not None:
+                sharding.shard(self.reward_model, self.reward_model.model, bf16=cfg.model.fsdp_bf16)
         self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + self.rank + 1)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank + 500)
         self.state = TrainState()

@@ -1,0 +1,94 @@
+"""Side-by-side W1 throughput: TRL's PPO (``shared/bench/trl_ppo_w1.py``) and ``ppo-lm bench``, run as
+back-to-back pairs so host drift cancels in each pair's ratio.
+
+    python scripts/compare_trl.py --trl-python /tmp/trlvenv/bin/python --pairs 3
+
+Before each run it waits until the CPUs have been > 90 % idle for 8 s (other jobs share the machine)
+and it reports the share of CPU time other processes used during the run. Prints one JSON line per
+run and a summary with the median episodes/s ratio and the peak-RSS ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies over all CPUs since boot."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def wait_until_idle(seconds: float = 8.0, max_busy: float = 0.10, give_up_s: float = 300.0) -> None:
+    start = time.time()
+    while time.time() - start < give_up_s:
+        b0, t0 = _cpu_times()
+        time.sleep(seconds)
+        b1, t1 = _cpu_times()
+        if (b1 - b0) / max(t1 - t0, 1) <= max_busy:
+            return
+    print("warning: the machine never became idle; measuring anyway", file=sys.stderr)
+
+
+def run(cmd: list[str], env: dict) -> dict:
+    """Run one benchmark; returns its JSON line plus ``other_cpu_share`` (CPU time used by other
+    processes during the run, as a share of the machine's CPU time)."""
+    wait_until_idle()
+    b0, t0 = _cpu_times()
+    own0 = os.times()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    own1 = os.times()
+    b1, t1 = _cpu_times()
+    if proc.returncode:
+        raise SystemExit(f"{cmd[0]} failed:\n{proc.stderr[-3000:]}")
+    line = [x for x in proc.stdout.splitlines() if x.startswith("{")][-1]
+    result = json.loads(line)
+    hz = os.sysconf("SC_CLK_TCK")
+    own = (own1.children_user - own0.children_user + own1.children_system - own0.children_system) * hz
+    result["other_cpu_share"] = round(max(b1 - b0 - own, 0) / max(t1 - t0, 1), 3)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trl-python", required=True, help="python of a venv with torch==2.13.0 trl==0.29.1 datasets")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--trl-script", default=str(ROOT.parent / "shared" / "bench" / "trl_ppo_w1.py"))
+    args = ap.parse_args()
+    env = dict(os.environ, W1_ITERS=str(args.iterations), W1_THREADS=str(args.threads),
+               OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+    ours_cmd = [sys.executable, "-m", "ppo_lm", "bench", "--workload", "w1", "--iterations", str(args.iterations),
+                "--threads", str(args.threads), "--json"]
+    pairs = []
+    for _ in range(args.pairs):
+        trl = run([args.trl_python, args.trl_script], env)
+        ours = run(ours_cmd, env)
+        pairs.append((trl, ours))
+    ratios = [o["episodes_per_s"] / t["episodes_per_s"] for t, o in pairs]
+    rss = [o["peak_rss_mb"] / t["peak_rss_mb"] for t, o in pairs]
+    print(json.dumps({
+        "pairs": len(pairs),
+        "trl_s_per_iteration": [t["s_per_iteration"] for t, _ in pairs],
+        "ppo_lm_s_per_iteration": [o["s_per_iteration"] for _, o in pairs],
+        "episodes_per_s_ratio": [round(r, 3) for r in ratios],
+        "median_ratio": round(statistics.median(ratios), 3),
+        "peak_rss_ratio": round(statistics.median(rss), 3),
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
