@@ -100,14 +100,14 @@ def random_prompts(n: int, shape: Shape, seed: int = 0) -> list[dict]:
 
 
 def make_config(workload: str, shape: Shape, paths: tuple[str, str, str], output_dir: str, iterations: int,
-                threads: int):
+                threads: int, compile_kernels: bool = False):
     """The workload as a TrainConfig (``paths`` = policy, reward model, tokenizer directories)."""
     from .trainer.config import TrainConfig
 
     cfg = TrainConfig(output_dir=output_dir, iterations=iterations, seed=0, threads=threads)
     m, r, a, o, log = cfg.model, cfg.rollout, cfg.algo, cfg.optim, cfg.log
     (m.policy, m.reward, m.tokenizer), m.critic, m.critic_init = paths, "separate", "reward"
-    m.dtype, m.device = "float32", "cpu"
+    m.dtype, m.device, m.compile_kernels = "float32", "cpu", compile_kernels
     cfg.data.shuffle = False
     r.num_prompts, r.samples_per_prompt, r.max_new_tokens, r.temperature = shape.batch, 1, shape.response_len, 1.0
     if workload == "w1":
@@ -198,12 +198,14 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
 
 
 def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_out: bool = False, *,
-              warmup: int = 1, tiny: bool = False, compare_hf_generate: bool = False) -> dict:
+              warmup: int = 1, tiny: bool = False, compare_hf_generate: bool = False,
+              compile_kernels: bool = False) -> dict:
     """Build the workload, run ``warmup + iterations`` trainer iterations and report throughput.
 
     Per-phase seconds are medians over the timed iterations (the ``warmup`` first ones are dropped);
     ``episodes_per_s`` = batch / median ``iteration_s``. Prints a table, or one JSON line if ``json_out``.
     """
+    from .models import kernels
     from .trainer.ppo import PPOTrainer
 
     if workload not in ("w1", "w2"):
@@ -217,9 +219,11 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
     with tempfile.TemporaryDirectory(prefix="ppo-lm-bench-") as tmp:
         root = Path(tmp)
         paths = save_models(root, shape)
-        cfg = make_config(workload, shape, paths, str(root / "run"), warmup + iterations, threads)
+        cfg = make_config(workload, shape, paths, str(root / "run"), warmup + iterations, threads, compile_kernels)
         rows = random_prompts(shape.batch * (warmup + iterations), shape)
+        t_build = time.perf_counter()
         trainer = PPOTrainer(cfg, prompt_rows=rows)
+        build_s = time.perf_counter() - t_build
         history, flops = [], []
         for it in range(1, warmup + iterations + 1):
             history.append(trainer.train_iteration(it))
@@ -248,6 +252,8 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         "update_gflop_per_s": round(statistics.median(f["update"] / m["update_s"] for f, m in
                                                       zip(timed_flops, timed)) / 1e9, 1),
         "warmup_s": round(sum(m["iteration_s"] for m in history[:warmup]), 3),
+        "build_s": round(build_s, 3),
+        "compile_kernels": kernels.compiled(),
         "peak_rss_mb": round(rss_mb),
         "torch": torch.__version__, "nproc": os.cpu_count(), "machine": platform.machine(),
     }
@@ -272,11 +278,14 @@ def cmd_bench(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON line")
     ap.add_argument("--compare-hf-generate", action="store_true",
                     help="also time transformers' model.generate against ppo-lm's sampler on the same batch")
+    ap.add_argument("--compile-kernels", action="store_true",
+                    help="model.compile_kernels: fuse RMSNorm/RoPE/SwiGLU with torch.compile (compile time is in "
+                         "build_s and warmup_s)")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests only
     args = ap.parse_args(argv)
     if args.iterations < 1 or args.warmup < 0:
         ap.error("--iterations must be >= 1 and --warmup >= 0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     run_bench(args.workload, args.iterations, args.threads, args.json, warmup=args.warmup, tiny=args.tiny,
-              compare_hf_generate=args.compare_hf_generate)
+              compare_hf_generate=args.compare_hf_generate, compile_kernels=args.compile_kernels)
     return 0

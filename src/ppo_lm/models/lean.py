@@ -17,7 +17,9 @@ log-probs and values against the plain transformers forward within 1e-5):
   runs on those positions only;
 * decoding writes keys/values into preallocated buffers (:class:`KVBuffers`) instead of
   concatenating a growing cache every step;
-* fp32 CPU matmuls go through oneDNN (:func:`linear`), faster than MKL on the benchmark CPU.
+* fp32 CPU matmuls go through oneDNN (:func:`linear`), faster than MKL on the benchmark CPU;
+* RMSNorm, RoPE and SwiGLU come from :mod:`ppo_lm.models.kernels` (fused by ``torch.compile`` when
+  the trainer enables it).
 
 :func:`supported` decides per model; anything it does not recognise (other architectures, rope
 scaling, sliding windows, LoRA-wrapped projections, gradient checkpointing) takes the transformers path.
@@ -30,6 +32,8 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from . import kernels
 
 _TYPES = ("qwen2", "llama")
 
@@ -132,17 +136,7 @@ def supported(body: nn.Module) -> bool:
 
 
 def _rms(x: Tensor, norm: nn.Module) -> Tensor:
-    """Qwen2RMSNorm / LlamaRMSNorm, same operation order (fp32 statistics)."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (B, L, heads, hd) · RoPE with cos/sin (B, L, 1, hd): x·cos + rotate_half(x)·sin."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
+    return kernels.rms_norm(x, norm.weight, norm.variance_epsilon)
 
 
 def rope_table(body: nn.Module, length: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
@@ -269,13 +263,13 @@ def forward_hidden(
             w, b = _fused([a.k_proj, a.v_proj])
             kv = linear(x, w, b).view(B, L, 2 * n_kv, hd)
             k, v = kv.split([n_kv, n_kv], dim=2)  # split (not slicing): its backward is one cat
-            q = _rotate(_proj(a.q_proj, x[:, cut:]).view(B, L - cut, n_q, hd), cos[:, cut:], sin[:, cut:])
-            k = _rotate(k, cos, sin)
+            q = kernels.rotate(_proj(a.q_proj, x[:, cut:]).view(B, L - cut, n_q, hd), cos[:, cut:], sin[:, cut:])
+            k = kernels.rotate(k, cos, sin)
         else:
             w, b = weights[i][:2] if weights is not None else _fused([a.q_proj, a.k_proj, a.v_proj])
             qkv = linear(x, w, b).view(B, L, n_q + 2 * n_kv, hd)
             qk, v = qkv.split([n_q + n_kv, n_kv], dim=2)
-            q, k = _rotate(qk, cos, sin).split([n_q, n_kv], dim=2)
+            q, k = kernels.rotate(qk, cos, sin).split([n_q, n_kv], dim=2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             cache.k[i][:, :, cache_pos:total] = k
@@ -294,5 +288,5 @@ def forward_hidden(
             gate, up = linear(x, weights[i][2]).chunk(2, dim=-1)
         else:  # with autograd, a fused gate/up would cost a weight cat and a (B, L, 2f) gradient cat
             gate, up = _proj(m.gate_proj, x), _proj(m.up_proj, x)
-        h = h + _proj(m.down_proj, F.silu(gate) * up)
+        h = h + _proj(m.down_proj, kernels.swiglu(gate, up))
     return _rms(h, body.norm)

@@ -36,10 +36,15 @@ class ModelConfig:
     builtin_layers: int = 2
     builtin_heads: int = 4
     fsdp: bool = False
-    """Under torchrun: shard policy and critic (parameters, gradients, optimiser state) with FSDP2
-    `fully_shard` instead of replicating them with DDP. Ignored in a single process."""
+    """Under torchrun: shard policy and critic (parameters, gradients, optimiser state) and the frozen
+    reference and reward model with FSDP2 `fully_shard` instead of replicating them (DDP). Ignored in
+    a single process."""
     fsdp_bf16: bool = False
     """With fsdp: bf16 compute/all-gather (fp32 master weights and gradient reduction)."""
+    compile_kernels: bool = False
+    """Fuse RMSNorm, RoPE and SwiGLU of Qwen2/Llama models with torch.compile (W1 update ≈ 7 % faster
+    on CPU; ≈ 15-30 s of compiling at start, ≈ 5-10 s once inductor's disk cache is warm). Falls back
+    to eager kernels with a warning when no compiler is usable."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "auto"
     """'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu', 'cuda', …"""

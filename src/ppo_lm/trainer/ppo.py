@@ -27,7 +27,7 @@ from ..algorithms import (
     shape_rewards,
     whiten,
 )
-from ..models import sharding
+from ..models import kernels, sharding
 from ..models.actor_critic import RewardScorer
 from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
@@ -65,6 +65,7 @@ class PPOTrainer:
         self.policy_loss_fn = get_policy_loss(a.policy_loss)
 
         # Models (SPEC §2). Seeded so every rank builds identical initial weights.
+        kernels.set_compiled(cfg.model.compile_kernels, self.device, builders.DTYPES[cfg.model.dtype])
         torch.manual_seed(cfg.seed)
         self.tokenizer = tokenizer if tokenizer is not None else builders.build_tokenizer(cfg.model)
         if tokenizer is not None:

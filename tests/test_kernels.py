@@ -1,0 +1,93 @@
+"""RMSNorm / RoPE / SwiGLU: the torch.compile-fused kernels equal the eager ones (values and
+gradients), the lean forward with them still equals transformers, and a broken compiler falls back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_perf_equivalence import P, T, _batch, _model, _reference_logp
+
+from ppo_lm.models import kernels
+from ppo_lm.models.actor_critic import PolicyModel
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """Compiled kernels for every input size, eager again afterwards."""
+    monkeypatch.setattr(kernels, "MIN_COMPILED_NUMEL", 0)
+    assert kernels.set_compiled(True)
+    yield
+    kernels.set_compiled(False)
+
+
+def _inputs(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g)
+
+
+@pytest.mark.parametrize("B,L", [(3, 5), (2, 17)])  # two shapes: one compile (dynamic) serves both
+def test_compiled_kernels_match_eager(compiled, B, L):
+    h, w = _inputs((B, L, 16), 0), _inputs((16,), 1)
+    x, cos, sin = _inputs((B, L, 4, 8), 2), _inputs((B, L, 1, 8), 3), _inputs((B, L, 1, 8), 4)
+    gate, up = _inputs((B, L, 16), 5), _inputs((B, L, 16), 6)
+    cases = [
+        (kernels.rms_norm, kernels.rms_norm_eager, (h, w), (1e-6,)),
+        (kernels.rotate, kernels.rotate_eager, (x,), (cos, sin)),
+        (kernels.swiglu, kernels.swiglu_eager, (gate, up), ()),
+    ]
+    for fused, eager, diff_args, const_args in cases:
+        results = []
+        for fn in (fused, eager):
+            args = [a.clone().requires_grad_() for a in diff_args]
+            out = fn(*args, *const_args)
+            out.backward(torch.ones_like(out) + out.detach())  # a non-uniform upstream gradient
+            results.append([out.detach()] + [a.grad for a in args])
+        for a, b in zip(*results):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_lean_forward_with_compiled_kernels_matches_transformers(compiled):
+    lm = _model("qwen2", 2)
+    ids, mask = _batch()
+    resp = mask[:, P:].bool()
+    weights = torch.randn(4, T, generator=torch.Generator().manual_seed(2)).where(resp, 0)
+
+    def grads(logp):
+        lm.zero_grad()
+        (logp.float() * weights).sum().backward()
+        return [p.grad.clone() for p in lm.parameters()]
+
+    ref_logp = _reference_logp(lm, ids, mask)
+    ref = grads(ref_logp)
+    logp = PolicyModel(lm)(ids, mask, P)["logp"]
+    assert float((logp.detach() - ref_logp.detach()).abs()[resp].max()) < 1e-5
+    for (name, _), a, b in zip(lm.named_parameters(), grads(logp), ref):
+        assert float((a - b).abs().max()) <= 1e-5 + 1e-4 * float(b.abs().max()), name
+
+
+def test_unusable_compiler_falls_back_to_eager(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    with pytest.warns(UserWarning, match="model.compile_kernels.*no C\\+\\+ compiler"):
+        assert kernels.set_compiled(True) is False
+    assert not kernels.compiled()
+    x = torch.randn(2, 3, 16)
+    assert torch.equal(kernels.swiglu(x, x), kernels.swiglu_eager(x, x))
+
+
+def test_trainer_option_turns_compiled_kernels_on_and_off(tmp_path):
+    from trainer_helpers import length_reward, tiny_config
+
+    from ppo_lm.trainer.ppo import PPOTrainer
+
+    try:
+        tr = PPOTrainer(tiny_config(tmp_path / "on", model__compile_kernels=True), verifier=length_reward)
+        assert kernels.compiled()
+        metrics = tr.train_iteration(1)
+        assert all(v == v for v in metrics.values())  # finite-or-inf, never NaN
+        PPOTrainer(tiny_config(tmp_path / "off"), verifier=length_reward)
+        assert not kernels.compiled()
+    finally:
+        kernels.set_compiled(False)
