@@ -1,7 +1,10 @@
 """Side-by-side W1 throughput: TRL's PPO (``shared/bench/trl_ppo_w1.py``) and ``ppo-lm bench``, run as
 back-to-back pairs so host drift cancels in each pair's ratio.
 
-    python scripts/compare_trl.py --trl-python /tmp/trlvenv/bin/python --pairs 3
+    python scripts/compare_trl.py --trl-python /tmp/trlvenv/bin/python --pairs 3 \
+        --variant= --variant=--compile-kernels
+
+Each pair runs TRL, then ``ppo-lm bench`` once per ``--variant`` (extra bench flags; default: none).
 
 Before each run it waits until the CPUs have been > 90 % idle for 8 s (other jobs share the machine)
 and it reports the share of CPU time other processes used during the run. Prints one JSON line per
@@ -66,27 +69,30 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--variant", action="append", default=None,
+                    help="extra ppo-lm bench flags, e.g. '--compile-kernels' (repeatable; default: one plain run)")
     ap.add_argument("--trl-script", default=str(ROOT.parent / "shared" / "bench" / "trl_ppo_w1.py"))
     args = ap.parse_args()
     env = dict(os.environ, W1_ITERS=str(args.iterations), W1_THREADS=str(args.threads),
                OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     ours_cmd = [sys.executable, "-m", "ppo_lm", "bench", "--workload", "w1", "--iterations", str(args.iterations),
                 "--threads", str(args.threads), "--json"]
+    variants = args.variant or [""]
     pairs = []
     for _ in range(args.pairs):
         trl = run([args.trl_python, args.trl_script], env)
-        ours = run(ours_cmd, env)
-        pairs.append((trl, ours))
-    ratios = [o["episodes_per_s"] / t["episodes_per_s"] for t, o in pairs]
-    rss = [o["peak_rss_mb"] / t["peak_rss_mb"] for t, o in pairs]
-    print(json.dumps({
-        "pairs": len(pairs),
-        "trl_s_per_iteration": [t["s_per_iteration"] for t, _ in pairs],
-        "ppo_lm_s_per_iteration": [o["s_per_iteration"] for _, o in pairs],
-        "episodes_per_s_ratio": [round(r, 3) for r in ratios],
-        "median_ratio": round(statistics.median(ratios), 3),
-        "peak_rss_ratio": round(statistics.median(rss), 3),
-    }))
+        pairs.append((trl, [run(ours_cmd + v.split(), env) for v in variants]))
+    summary: dict = {"pairs": len(pairs), "trl_s_per_iteration": [t["s_per_iteration"] for t, _ in pairs]}
+    for i, v in enumerate(variants):
+        ratios = [o[i]["episodes_per_s"] / t["episodes_per_s"] for t, o in pairs]
+        rss = [o[i]["peak_rss_mb"] / t["peak_rss_mb"] for t, o in pairs]
+        summary[v or "default"] = {
+            "ppo_lm_s_per_iteration": [o[i]["s_per_iteration"] for _, o in pairs],
+            "episodes_per_s_ratio": [round(r, 3) for r in ratios],
+            "median_ratio": round(statistics.median(ratios), 3),
+            "peak_rss_ratio": round(statistics.median(rss), 3),
+        }
+    print(json.dumps(summary))
     return 0
 
 

@@ -100,14 +100,14 @@ def random_prompts(n: int, shape: Shape, seed: int = 0) -> list[dict]:
 
 
 def make_config(workload: str, shape: Shape, paths: tuple[str, str, str], output_dir: str, iterations: int,
-                threads: int, compile_kernels: bool = False):
+                threads: int, compile_kernels: bool = False, device: str = "cpu"):
     """The workload as a TrainConfig (``paths`` = policy, reward model, tokenizer directories)."""
     from .trainer.config import TrainConfig
 
     cfg = TrainConfig(output_dir=output_dir, iterations=iterations, seed=0, threads=threads)
     m, r, a, o, log = cfg.model, cfg.rollout, cfg.algo, cfg.optim, cfg.log
     (m.policy, m.reward, m.tokenizer), m.critic, m.critic_init = paths, "separate", "reward"
-    m.dtype, m.device, m.compile_kernels = "float32", "cpu", compile_kernels
+    m.dtype, m.device, m.compile_kernels = "float32", device, compile_kernels
     cfg.data.shuffle = False
     r.num_prompts, r.samples_per_prompt, r.max_new_tokens, r.temperature = shape.batch, 1, shape.response_len, 1.0
     if workload == "w1":
@@ -171,8 +171,10 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
     params = SamplingParams(max_new_tokens=R, min_new_tokens=R, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
     rows = trainer.prompts_for(1)
     enc = tok([r["prompt"] for r in rows], return_tensors="pt", padding=True, add_special_tokens=False)
-    ids, mask = enc["input_ids"], enc["attention_mask"]
+    device = next(lm.parameters()).device
+    ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
     n_tokens = ids.shape[0] * R
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     lm.eval()
 
     def hf():
@@ -182,15 +184,17 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
 
     def ours():
         generate(lm, ids, mask, params, pad_token_id=tok.pad_token_id,
-                 generator=torch.Generator().manual_seed(0))
+                 generator=torch.Generator(device=device).manual_seed(0))
 
     out = {}
     for name, fn in (("hf_generate", hf), ("ppo_lm_generate", ours)):
         fn()  # warm-up
         times = []
         for _ in range(repeats):
+            sync()
             t = time.perf_counter()
             fn()
+            sync()
             times.append(time.perf_counter() - t)
         out[f"{name}_tokens_per_s"] = n_tokens / min(times)
     out["generate_speedup_vs_hf"] = out["ppo_lm_generate_tokens_per_s"] / out["hf_generate_tokens_per_s"]
@@ -199,7 +203,7 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
 
 def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_out: bool = False, *,
               warmup: int = 1, tiny: bool = False, compare_hf_generate: bool = False,
-              compile_kernels: bool = False) -> dict:
+              compile_kernels: bool = False, device: str = "cpu") -> dict:
     """Build the workload, run ``warmup + iterations`` trainer iterations and report throughput.
 
     Per-phase seconds are medians over the timed iterations (the ``warmup`` first ones are dropped);
@@ -219,7 +223,8 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
     with tempfile.TemporaryDirectory(prefix="ppo-lm-bench-") as tmp:
         root = Path(tmp)
         paths = save_models(root, shape)
-        cfg = make_config(workload, shape, paths, str(root / "run"), warmup + iterations, threads, compile_kernels)
+        cfg = make_config(workload, shape, paths, str(root / "run"), warmup + iterations, threads, compile_kernels,
+                          device)
         rows = random_prompts(shape.batch * (warmup + iterations), shape)
         t_build = time.perf_counter()
         trainer = PPOTrainer(cfg, prompt_rows=rows)
@@ -255,7 +260,8 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         "build_s": round(build_s, 3),
         "compile_kernels": kernels.compiled(),
         "peak_rss_mb": round(rss_mb),
-        "torch": torch.__version__, "nproc": os.cpu_count(), "machine": platform.machine(),
+        "device": device, "torch": torch.__version__,
+        **({"gpu_peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20)} if device.startswith("cuda") else {}), "nproc": os.cpu_count(), "machine": platform.machine(),
     }
     result.update({k: round(v, 2) for k, v in extra.items()})
     if json_out:
@@ -281,11 +287,13 @@ def cmd_bench(argv: list[str]) -> int:
     ap.add_argument("--compile-kernels", action="store_true",
                     help="model.compile_kernels: fuse RMSNorm/RoPE/SwiGLU with torch.compile (compile time is in "
                          "build_s and warmup_s)")
+    ap.add_argument("--device", default="cpu", help="cpu (W1's definition) or cuda / cuda:N")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests only
     args = ap.parse_args(argv)
     if args.iterations < 1 or args.warmup < 0:
         ap.error("--iterations must be >= 1 and --warmup >= 0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     run_bench(args.workload, args.iterations, args.threads, args.json, warmup=args.warmup, tiny=args.tiny,
-              compare_hf_generate=args.compare_hf_generate, compile_kernels=args.compile_kernels)
+              compare_hf_generate=args.compare_hf_generate, compile_kernels=args.compile_kernels,
+              device=args.device)
     return 0
