@@ -20,7 +20,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 setup: $(STAMP)
 
 lint: setup
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests scripts
 
 test: setup lint
 	OMP_NUM_THREADS=2 $(BIN)/pytest -q $(PYTEST_ARGS)

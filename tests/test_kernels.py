@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_perf_equivalence import P, T, _batch, _model, _reference_logp
+from test_perf_equivalence import check_policy_matches_transformers
 
 from ppo_lm.models import kernels
-from ppo_lm.models.actor_critic import PolicyModel
 
 
 @pytest.fixture
@@ -47,22 +46,7 @@ def test_compiled_kernels_match_eager(compiled, B, L):
 
 
 def test_lean_forward_with_compiled_kernels_matches_transformers(compiled):
-    lm = _model("qwen2", 2)
-    ids, mask = _batch()
-    resp = mask[:, P:].bool()
-    weights = torch.randn(4, T, generator=torch.Generator().manual_seed(2)).where(resp, 0)
-
-    def grads(logp):
-        lm.zero_grad()
-        (logp.float() * weights).sum().backward()
-        return [p.grad.clone() for p in lm.parameters()]
-
-    ref_logp = _reference_logp(lm, ids, mask)
-    ref = grads(ref_logp)
-    logp = PolicyModel(lm)(ids, mask, P)["logp"]
-    assert float((logp.detach() - ref_logp.detach()).abs()[resp].max()) < 1e-5
-    for (name, _), a, b in zip(lm.named_parameters(), grads(logp), ref):
-        assert float((a - b).abs().max()) <= 1e-5 + 1e-4 * float(b.abs().max()), name
+    check_policy_matches_transformers()
 
 
 def test_unusable_compiler_falls_back_to_eager(monkeypatch):

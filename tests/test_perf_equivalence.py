@@ -85,7 +85,8 @@ def test_policy_logprobs_match_transformers(arch, kv_heads, temperature, explici
     assert float((out["logp"] - ref).abs()[resp].max()) < 1e-5
 
 
-def test_policy_gradients_match_transformers():
+def check_policy_matches_transformers():
+    """PolicyModel's log-probs (within 1e-5) and their gradients equal the transformers forward's."""
     lm = _model("qwen2", 2)
     ids, mask = _batch()
     resp = mask[:, P:].bool()
@@ -96,10 +97,16 @@ def test_policy_gradients_match_transformers():
         (logp.float() * weights).sum().backward()
         return [p.grad.clone() for p in lm.parameters()]
 
-    ref = grads(_reference_logp(lm, ids, mask))
-    ours = grads(PolicyModel(lm)(ids, mask, P)["logp"])
-    for (name, _), a, b in zip(lm.named_parameters(), ours, ref):
+    ref_logp = _reference_logp(lm, ids, mask)
+    logp = PolicyModel(lm)(ids, mask, P)["logp"]
+    assert float((logp.detach() - ref_logp.detach()).abs()[resp].max()) < 1e-5
+    ref = grads(ref_logp)
+    for (name, _), a, b in zip(lm.named_parameters(), grads(logp), ref):
         assert float((a - b).abs().max()) <= 1e-5 + 1e-4 * float(b.abs().max()), name
+
+
+def test_policy_gradients_match_transformers():
+    check_policy_matches_transformers()
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
