@@ -81,6 +81,7 @@ def main() -> None:
 
         sharded = {k: is_sharded(getattr(tr, k)) for k in ("policy", "critic", "ref", "reward_model")}
         torch.save({"weights": final, "metrics": metrics, "sharded": sharded}, os.path.join(out_dir, "result.pt"))
+    del tr  # the process group outlives every model that holds it
     dist.destroy()
 
 

@@ -6,6 +6,7 @@ loss normalisation, logged metrics, KL-controller input) goes through :func:`all
 
 from __future__ import annotations
 
+import gc
 import os
 from datetime import timedelta
 
@@ -71,11 +72,14 @@ def barrier() -> None:
 def destroy() -> None:
     """Leave the process group once every rank is done with it.
 
-    The barrier matters: a rank that tears down its gloo pairs while a peer still has traffic in
-    flight (rank 0 gathering a full state dict, say) can abort the peer with ``terminate called``.
+    The barrier: a rank that tears down its gloo pairs while a peer still has traffic in flight (rank
+    0 gathering a full state dict, say) can abort the peer with ``terminate called``. The collection:
+    models that are gone but sit in reference cycles (FSDP state) still hold the group; freed during
+    interpreter shutdown instead, its worker threads can abort the process.
     """
     if is_initialized():
         dist.barrier()
+        gc.collect()
         dist.destroy_process_group()
 
 
