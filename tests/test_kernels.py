@@ -49,6 +49,16 @@ def test_lean_forward_with_compiled_kernels_matches_transformers(compiled):
     check_policy_matches_transformers()
 
 
+def test_compiled_kernels_serve_autograd_forwards_only(compiled):
+    x = torch.randn(2, 3, 16, requires_grad=True)
+    assert kernels._pick("swiglu", x) is not None
+    assert kernels._pick("swiglu", x.detach()) is None  # a frozen model's input
+    with torch.no_grad():
+        assert kernels._pick("swiglu", x) is None
+    with torch.inference_mode():
+        assert kernels._pick("swiglu", torch.randn(2, 3, 16)) is None
+
+
 def test_unusable_compiler_falls_back_to_eager(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no C++ compiler found")

@@ -7,8 +7,8 @@ Compiled, each becomes one loop forward and one backward. :func:`set_compiled` c
 (``dynamic=True``: one compile for all batch shapes, ≈ 10 s on 2 CPU cores, cached on disk by
 inductor) and probes them on small inputs; if there is no working compiler it keeps the eager
 versions and says why. Compiled RMSNorm sums in a different order (differences ≤ 2e-6 relative).
-Inputs smaller than :data:`MIN_COMPILED_NUMEL` (decoding steps) stay eager: there the per-call
-overhead of a compiled function is larger than the work.
+They serve the training forward and backward only (see :func:`_pick`); inputs smaller than
+:data:`MIN_COMPILED_NUMEL` stay eager too, as the per-call overhead would exceed the work.
 """
 
 from __future__ import annotations
@@ -44,19 +44,26 @@ def swiglu_eager(gate: Tensor, up: Tensor) -> Tensor:
 _compiled: dict[str, object] = {}
 
 
+def _pick(name: str, x: Tensor):
+    """The compiled kernel for training-size inputs under autograd, else None (eager). Forwards
+    without autograd (scoring, decoding, the frozen models) stay eager: there the fused backward,
+    most of the gain, does not exist, and each grad mode, inference mode, size-1 axis and stride
+    pattern would be one more compiled variant (dynamo stops compiling a function after 8)."""
+    if not _compiled or x.numel() < MIN_COMPILED_NUMEL or not (torch.is_grad_enabled() and x.requires_grad):
+        return None
+    return _compiled[name]
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    fn = _compiled.get("rms_norm") if x.numel() >= MIN_COMPILED_NUMEL else None
-    return (fn or rms_norm_eager)(x, weight, eps)
+    return (_pick("rms_norm", x) or rms_norm_eager)(x, weight, eps)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    fn = _compiled.get("rotate") if x.numel() >= MIN_COMPILED_NUMEL else None
-    return (fn or rotate_eager)(x, cos, sin)
+    return (_pick("rotate", x) or rotate_eager)(x, cos, sin)
 
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    fn = _compiled.get("swiglu") if gate.numel() >= MIN_COMPILED_NUMEL else None
-    return (fn or swiglu_eager)(gate, up)
+    return (_pick("swiglu", gate) or swiglu_eager)(gate, up)
 
 
 def compiled() -> bool:
@@ -64,24 +71,21 @@ def compiled() -> bool:
 
 
 def _probe(fns: dict[str, object], device: torch.device, dtype: torch.dtype) -> None:
-    """Run every compiled kernel with the ranks the lean forward uses — forward + backward, without
-    autograd, and in inference mode — on small inputs, and compare with the eager kernels."""
+    """Run every compiled kernel forward and backward on small inputs shaped like the lean forward's
+    (3-d hidden states, a parameter as norm weight, 4-d heads) and compare with the eager kernels."""
     def randn(*shape):
         return torch.randn(*shape, device=device, dtype=dtype)
 
-    h, x, cos, sin, w = randn(2, 3, 8), randn(2, 3, 4, 8), randn(2, 3, 1, 8), randn(2, 3, 1, 8), randn(8)
-    refs = [rms_norm_eager(h, w, 1e-6), rotate_eager(x, cos, sin), swiglu_eager(h, h)]
-    for mode in ("grad", "no_grad", "inference"):
-        grad = mode == "grad"
-        hs, xs = h.clone().requires_grad_(grad), x.clone().requires_grad_(grad)
-        ctx = torch.inference_mode() if mode == "inference" else torch.set_grad_enabled(grad)
-        with ctx:
-            outs = [fns["rms_norm"](hs, w, 1e-6), fns["rotate"](xs, cos, sin), fns["swiglu"](hs, hs)]
-        if grad:
-            sum(o.sum() for o in outs).backward()
-        for out, ref in zip(outs, refs):
-            if not torch.allclose(out.detach().clone(), ref, atol=1e-4, rtol=1e-4):
-                raise RuntimeError("a compiled kernel disagrees with its eager version")
+    h, gate, x = randn(2, 3, 8), randn(2, 3, 8), randn(2, 3, 4, 8)
+    cos, sin, w = randn(2, 3, 1, 8), randn(2, 3, 1, 8), torch.nn.Parameter(randn(8))
+    cases = [("rms_norm", rms_norm_eager, (h,), (w, 1e-6)), ("rotate", rotate_eager, (x,), (cos, sin)),
+             ("swiglu", swiglu_eager, (gate, h), ())]
+    for name, eager, diff_args, const_args in cases:
+        args = [a.clone().requires_grad_() for a in diff_args]
+        out = fns[name](*args, *const_args)
+        out.sum().backward()
+        if not torch.allclose(out.detach(), eager(*diff_args, *const_args).detach(), atol=1e-4, rtol=1e-4):
+            raise RuntimeError(f"the compiled {name} disagrees with its eager version")
 
 
 def set_compiled(enabled: bool, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> bool:
