@@ -56,11 +56,16 @@ def test_micro_batches_give_the_full_minibatch_gradient(tmp_path):
         assert torch.allclose(full[k], accumulated[k], atol=1e-5, rtol=0), k
 
 
-def test_update_groups_rows_by_length_with_the_same_gradient(tmp_path):
+@pytest.mark.parametrize("packing", [False, True])
+def test_update_groups_rows_by_length_with_the_same_gradient(tmp_path, monkeypatch, packing):
     """micro_batch_size = 0 splits a minibatch of skewed lengths into length-sorted micro-batches,
-    each cut to its own longest response (the update's cost follows the real lengths); the updated
-    weights equal those of one forward/backward over the whole minibatch."""
+    each cut to its own longest response (the update's cost follows the real lengths) — or, when the
+    models pack sequences, runs it whole and packed; the updated weights equal those of one padded
+    forward/backward over the whole minibatch."""
+    from ppo_lm.models import actor_critic
     from ppo_lm.trainer.update import _micro_batches
+
+    monkeypatch.setattr(actor_critic, "PACKING", packing)
 
     def build(micro):
         cfg = tiny_config(tmp_path / str(micro), rollout__num_prompts=32, rollout__max_new_tokens=48,
@@ -77,12 +82,15 @@ def test_update_groups_rows_by_length_with_the_same_gradient(tmp_path):
     longest = [int(batch.lengths[g].max()) for g in groups]
     assert longest == sorted(longest) and longest[0] < longest[-1]
     assert [len(g) for g in _micro_batches(rows, batch, 5)] == [5] * 6 + [2]
+    assert [g.tolist() for g in _micro_batches(rows, batch, 0, packed=True)] == [rows.tolist()]
 
     def updated(tr):
         tr.learn(batch, 1)
         return {k: v.detach().clone() for k, v in tr.policy.state_dict().items()} | {
             f"c.{k}": v.detach().clone() for k, v in tr.critic.state_dict().items()}
 
-    grouped, whole = updated(tr), updated(build(32))
+    grouped = updated(tr)
+    monkeypatch.setattr(actor_critic, "PACKING", False)
+    whole = updated(build(32))
     for k in whole:
         assert torch.allclose(grouped[k], whole[k], atol=1e-5, rtol=0), k

@@ -19,12 +19,29 @@ from torch import Tensor, nn
 from . import lean
 from .hf_compat import scalar_head, trunk
 from .logprobs import entropy_and_logprobs, gather_logprobs, position_ids_from_mask
+from .packing import plan_packing
+
+PACKING = True
+"""Pack the real tokens of padded batches (set False to compare against the padded forward)."""
+
+
+def packs_sequences(model: nn.Module) -> bool:
+    """True when ``model``'s (PolicyModel / CriticModel / reward model) forwards pack padded batches."""
+    inner = getattr(model, "lm", None) or getattr(model, "model", None) or model
+    return PACKING and lean.supported(trunk(inner))
 
 
 def _hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, keep_from: int = 0) -> Tensor:
-    """Final hidden states (B, L − keep_from, d) of positions keep_from … L − 1."""
+    """Final hidden states (B, L − keep_from, d) of positions keep_from … L − 1 (zeros at pads when
+    the batch runs packed: Qwen2/Llama bodies pack the real tokens when that saves ≥ 20 % of the
+    positions, see :mod:`.packing`)."""
     position_ids = position_ids_from_mask(attention_mask)
     if lean.supported(body):
+        plan = plan_packing(attention_mask) if PACKING else None
+        if plan is not None:
+            ids, pos, seg = plan.pack(input_ids)
+            h = lean.forward_hidden(body, ids, seg >= 0, position_ids=pos, segment_ids=seg)
+            return plan.unpack(h)[:, keep_from:]
         return lean.forward_hidden(body, input_ids, attention_mask, keep_from=keep_from, position_ids=position_ids)
     out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state[:, keep_from:]

@@ -214,6 +214,7 @@ def forward_hidden(
     cache_pos: int = 0,
     key_valid: Tensor | None = None,
     weights: list[tuple] | None = None,
+    segment_ids: Tensor | None = None,
 ) -> Tensor:
     """Final-norm hidden states (B, L − keep_from, d) of positions keep_from … L−1.
 
@@ -227,6 +228,8 @@ def forward_hidden(
         key_valid: (B, cache_pos + L) bool, real tokens among the attended keys (with ``cache``);
             None when every key is real.
         weights: :func:`fused_weights` of ``body`` (no-grad callers that run many steps).
+        segment_ids: (B, L) packed rows (:mod:`.packing`): a query sees only earlier keys of its own
+            segment; pass ``position_ids`` too. Not with ``cache``.
     """
     B, L = input_ids.shape
     if position_ids is None:
@@ -239,10 +242,13 @@ def forward_hidden(
     total = cache_pos + L
     q_pos = torch.arange(cache_pos, total, device=h.device)
     k_pos = torch.arange(total, device=h.device)
-    if cache is None and not bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+    if cache is None and segment_ids is None and not bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
         key_valid = attention_mask.bool()  # some row is left-padded: mask its pad keys
     mask = causal = None  # causal: (L, total) when the plain causal pattern is all there is
-    if key_valid is not None:
+    if segment_ids is not None:  # block-diagonal causal (an empty slot sees the empty slots before it)
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        mask = (same & (k_pos[None, None, :] <= q_pos[None, :, None])).unsqueeze(1)  # (B, 1, L, L)
+    elif key_valid is not None:
         allowed = key_valid[:, None, :] & (k_pos[None, None, :] <= q_pos[None, :, None])
         # A left-pad query sees no real key; let it see itself so its (unused) output stays finite.
         allowed |= k_pos[None, None, :] == q_pos[None, :, None]

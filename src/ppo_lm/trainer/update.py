@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from .. import distributed as dist
 from ..algorithms import aggregate, kl_penalty, value_loss
-from ..models.actor_critic import CriticModel, PolicyModel
+from ..models.actor_critic import CriticModel, PolicyModel, packs_sequences
 from ..rollout.batch import RolloutBatch, length_groups
 from .config import TrainConfig
 
@@ -117,15 +117,19 @@ def _grad_norm_and_clip(params: list[nn.Parameter], max_norm: float) -> float:
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor under FSDP
 
 
-def _micro_batches(mb_idx: Tensor, batch: RolloutBatch, size: int) -> list[Tensor]:
+def _micro_batches(mb_idx: Tensor, batch: RolloutBatch, size: int, *, packed: bool = False) -> list[Tensor]:
     """The minibatch's rows as length-sorted micro-batches, so each forward/backward is cut to its own
     longest response and the update's cost follows the real lengths. ``size`` > 0: micro-batches of
-    that many rows; 0: one, or a few when that saves enough padding (``length_groups``).
+    that many rows; 0: the whole minibatch when the models pack sequences (``packed``: packing
+    removes the padding, and does it best over many rows), else one or a few micro-batches, whichever
+    saves enough padding (``length_groups``).
 
     The loss is normalised by the minibatch's global count, so the gradient does not depend on the
     grouping. Every rank runs the same number of micro-batches: DDP's forward and FSDP's all-gathers
     are collectives.
     """
+    if packed and not size:
+        return [mb_idx]
     lengths = batch.response_mask[mb_idx].sum(1)
     groups = length_groups(lengths, size, prompt_width=batch.prompt_width)
     if not size and dist.world_size() > 1:
@@ -159,6 +163,7 @@ def ppo_update(
     ent_grad = a.entropy_coef > 0
     stats, skipped = _Mean(), 0
     P = batch.prompt_width
+    packed = packs_sequences(ctx.policy) and (ctx.critic is None or packs_sequences(ctx.critic))
 
     for epoch in range(o.epochs):
         perm = torch.randperm(B, generator=shuffle_gen).to(batch.input_ids.device)
@@ -172,7 +177,7 @@ def ppo_update(
             # DDP averages gradients over ranks, so each rank divides by count/world.
             denom = count / world
             finite = True
-            micro_batches = _micro_batches(mb_idx, batch, o.micro_batch_size)
+            micro_batches = _micro_batches(mb_idx, batch, o.micro_batch_size, packed=packed)
             for j, micro_idx in enumerate(micro_batches):
                 mbat = batch.select(micro_idx)
                 m = mbat.response_mask
