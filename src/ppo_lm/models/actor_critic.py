@@ -8,7 +8,8 @@ V(x_{T+1}) for the bootstrap of truncated responses.
 
 Both modules run only the transformer body plus their head on the response positions, so the
 vocabulary projection is never computed for prompt tokens. Qwen2/Llama bodies go through the lean
-forward of :mod:`.lean` (same results; its last layer also skips the prompt positions).
+forward of :mod:`.lean` (same results; its last layer also skips the prompt positions), on packed
+sequences when the batch is mostly padding (:mod:`.packing`).
 """
 
 from __future__ import annotations
