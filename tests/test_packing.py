@@ -79,3 +79,33 @@ def test_packed_forward_equals_padded_forward(monkeypatch):
     with torch.no_grad():
         ref = _reference_logp(lm, ids, mask)
     assert float((packed[0] - ref).abs()[resp].max()) < 1e-5
+
+
+def test_keep_selects_the_positions_a_caller_reads():
+    mask = _skewed_mask()
+    plan = plan_packing(mask)
+    ids = torch.arange(mask.numel()).view(mask.shape)
+    packed, _, _ = plan.pack(ids, fill=-1)
+    for keep_from in (0, 9, 20):
+        kept = plan.keep(keep_from)
+        picked = packed.gather(1, kept.index).unsqueeze(-1).float()
+        out = kept.unpack(picked).squeeze(-1).long()  # (B, L − keep_from)
+        real = mask.bool()[:, keep_from:]
+        assert torch.equal(out[real], ids[:, keep_from:][real])
+        assert int(kept.index.shape[1]) == int(real.sum(1).max()) or keep_from == 0
+
+
+@torch.no_grad()
+def test_lean_keep_index_equals_full_forward_at_those_positions():
+    from ppo_lm.models import lean
+
+    body = _model("qwen2", 2).model
+    ids, mask = _batch()
+    ones = torch.ones_like(mask)
+    pick = torch.tensor([[12, 3, 7], [0, 5, 5], [6, 6, 11], [1, 2, 3]])
+    cases = [{}, {"segment_ids": (torch.arange(13) >= 6).long().expand(4, -1).contiguous(),
+                  "position_ids": torch.cat([torch.arange(6), torch.arange(7)]).expand(4, -1)}]
+    for kw in cases:  # the plain causal mask, and two packed segments per row
+        ref = lean.forward_hidden(body, ids, ones, **kw)
+        got = lean.forward_hidden(body, ids, ones, keep_index=pick, **kw)
+        assert float((got - ref.gather(1, pick[..., None].expand(-1, -1, ref.shape[-1]))).abs().max()) < 1e-5

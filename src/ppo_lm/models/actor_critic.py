@@ -41,8 +41,9 @@ def _hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, keep_fro
         plan = plan_packing(attention_mask) if PACKING else None
         if plan is not None:
             ids, pos, seg = plan.pack(input_ids)
-            h = lean.forward_hidden(body, ids, seg >= 0, position_ids=pos, segment_ids=seg)
-            return plan.unpack(h)[:, keep_from:]
+            kept = plan.keep(keep_from)  # the last layer computes queries/MLP for these slots only
+            h = lean.forward_hidden(body, ids, seg >= 0, position_ids=pos, segment_ids=seg, keep_index=kept.index)
+            return kept.unpack(h)
         return lean.forward_hidden(body, input_ids, attention_mask, keep_from=keep_from, position_ids=position_ids)
     out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state[:, keep_from:]

@@ -202,6 +202,13 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, plain_causal: 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
+def _queries(t: Tensor, cut: int, pick: Tensor | None) -> Tensor:
+    """The query positions of a layer along dim 1 of ``t`` (B, L, …): from ``cut`` on, or ``pick`` (B, K)."""
+    if pick is None:
+        return t[:, cut:]
+    return t.gather(1, pick.view(*pick.shape, *([1] * (t.dim() - 2))).expand(-1, -1, *t.shape[2:]))
+
+
 def forward_hidden(
     body: nn.Module,
     input_ids: Tensor,
@@ -215,6 +222,7 @@ def forward_hidden(
     key_valid: Tensor | None = None,
     weights: list[tuple] | None = None,
     segment_ids: Tensor | None = None,
+    keep_index: Tensor | None = None,
 ) -> Tensor:
     """Final-norm hidden states (B, L − keep_from, d) of positions keep_from … L−1.
 
@@ -230,6 +238,8 @@ def forward_hidden(
         weights: :func:`fused_weights` of ``body`` (no-grad callers that run many steps).
         segment_ids: (B, L) packed rows (:mod:`.packing`): a query sees only earlier keys of its own
             segment; pass ``position_ids`` too. Not with ``cache``.
+        keep_index: (B, K) positions whose outputs are needed, instead of ``keep_from``: the last
+            layer computes queries, attention output and MLP for those only. Returns (B, K, d).
     """
     B, L = input_ids.shape
     if position_ids is None:
@@ -262,14 +272,18 @@ def forward_hidden(
         a, m = layer.self_attn, layer.mlp
         hd = a.head_dim
         n_q, n_kv = a.q_proj.out_features // hd, a.k_proj.out_features // hd
-        cut = keep_from if i == n - 1 else 0  # queries before `cut` are never read after this layer
-        residual = h[:, cut:]
+        last = i == n - 1
+        cut = keep_from if last else 0  # queries before `cut` are never read after this layer
+        pick = keep_index if last else None
+
+        residual = _queries(h, cut, pick)
         x = _rms(h, layer.input_layernorm)
-        if cut:
+        if cut or pick is not None:
             w, b = _fused([a.k_proj, a.v_proj])
             kv = linear(x, w, b).view(B, L, 2 * n_kv, hd)
             k, v = kv.split([n_kv, n_kv], dim=2)  # split (not slicing): its backward is one cat
-            q = kernels.rotate(_proj(a.q_proj, x[:, cut:]).view(B, L - cut, n_q, hd), cos[:, cut:], sin[:, cut:])
+            xq = _queries(x, cut, pick)
+            q = kernels.rotate(_proj(a.q_proj, xq).view(B, xq.shape[1], n_q, hd), _queries(cos, cut, pick), _queries(sin, cut, pick))
             k = kernels.rotate(k, cos, sin)
         else:
             w, b = weights[i][:2] if weights is not None else _fused([a.q_proj, a.k_proj, a.v_proj])
@@ -281,8 +295,10 @@ def forward_hidden(
             cache.k[i][:, :, cache_pos:total] = k
             cache.v[i][:, :, cache_pos:total] = v
             k, v = cache.k[i][:, :, :total], cache.v[i][:, :, :total]
-        if mask is not None:
-            out = _attend(q, k, v, mask[:, :, cut:], False, a.scaling)
+        if mask is not None:  # (B, 1, L, total): its query rows, selected along dim 1 of (B, L, 1, total)
+            out = _attend(q, k, v, _queries(mask.transpose(1, 2), cut, pick).transpose(1, 2), False, a.scaling)
+        elif causal is not None and pick is not None:
+            out = _attend(q, k, v, _queries(causal.expand(B, -1, -1), cut, pick).unsqueeze(1), False, a.scaling)
         elif causal is not None:
             out = _attend(q, k, v, causal[cut:].view(1, 1, L - cut, total), not cut, a.scaling)
         else:

@@ -51,6 +51,40 @@ class PackPlan:
         out[self.src_b, self.src_l] = h[self.dst_r, self.dst_c]
         return out
 
+    def keep(self, keep_from: int) -> Kept:
+        """The packed slots of the tokens at padded positions ≥ ``keep_from`` (the only outputs a
+        caller reads), as a per-row index for the last layer (``lean.forward_hidden(keep_index=)``)."""
+        sel = self.src_l >= keep_from
+        r, c = self.dst_r[sel], self.dst_c[sel]
+        order = torch.argsort(r * self.capacity + c)
+        counts = torch.bincount(r, minlength=self.rows)
+        starts = counts.cumsum(0) - counts
+        j = torch.empty_like(r)
+        j[order] = torch.arange(r.numel(), device=r.device) - starts[r[order]]
+        index = torch.zeros(self.rows, max(int(counts.max()), 1), dtype=torch.long, device=r.device)
+        index[r, j] = c  # rows with fewer kept slots repeat slot 0 (computed, never read)
+        return Kept(index, r, j, self.src_b[sel], self.src_l[sel] - keep_from, self.batch, self.length - keep_from)
+
+
+@dataclass
+class Kept:
+    """index: (R, K) packed columns whose outputs are needed; row, slot: (N,) where each needed token's
+    output lands in the (R, K, d) result; b, l: (N,) where it goes in the padded (B, width) layout."""
+
+    index: Tensor
+    row: Tensor
+    slot: Tensor
+    b: Tensor
+    l: Tensor  # noqa: E741 - the padded column, as in (b, l)
+    batch: int
+    width: int
+
+    def unpack(self, h: Tensor) -> Tensor:
+        """(R, K, d) outputs at ``index`` → (B, width, d) padded, zeros at the pads (differentiable)."""
+        out = h.new_zeros(self.batch, self.width, h.shape[-1])
+        out[self.b, self.l] = h[self.row, self.slot]
+        return out
+
 
 def plan_packing(attention_mask: Tensor, *, min_saving: float = 0.2) -> PackPlan | None:
     """A packing of the real tokens of ``attention_mask`` (B, L), or None when it would save less
