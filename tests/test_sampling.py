@@ -89,3 +89,26 @@ def test_rows_leaving_the_decode_batch_change_no_response(monkeypatch, lean_path
     assert bool(torch.isin(last[shrinking.terminated], stops).all())
     assert bool((lengths[~shrinking.terminated] == 12).all())
     assert bool((shrinking.responses[~shrinking.mask] == 0).all())
+
+
+@pytest.mark.parametrize("lean_path", [True, False])
+def test_sampler_logprobs_equal_the_training_forward(lean_path):
+    """The decode logits' log-probs of the sampled tokens (full softmax at the temperature: before
+    top-k and the min_new_tokens mask) equal PolicyModel's on the finished sequences within 1e-5."""
+    from ppo_lm.models.actor_critic import PolicyModel
+
+    lm = _model("qwen2", 2)
+    ids, mask = _prompts(12)
+    mask[:3, :2] = 0  # some left-padded prompts
+    ids = ids.masked_fill(mask == 0, 0)
+    params = SamplingParams(max_new_tokens=9, temperature=0.7, top_k=10, min_new_tokens=2,
+                            stop_token_ids=tuple(range(3, V, 5)))
+    gen = generate(lm, ids, mask, params, pad_token_id=0, generator=torch.Generator().manual_seed(1),
+                   lean_path=lean_path, return_logprobs=True)
+    assert gen.terminated.any() and not gen.terminated.all()
+    full_ids = torch.cat([ids, gen.responses], 1)
+    full_mask = torch.cat([mask, gen.mask.long()], 1)
+    with torch.no_grad():
+        ref = PolicyModel(lm)(full_ids, full_mask, ids.shape[1], temperature=0.7)["logp"]
+    assert float((gen.logprobs - ref).abs()[gen.mask].max()) < 1e-5
+    assert bool((gen.logprobs[~gen.mask] == 0).all())

@@ -94,3 +94,22 @@ def test_update_groups_rows_by_length_with_the_same_gradient(tmp_path, monkeypat
     whole = updated(build(32))
     for k in whole:
         assert torch.allclose(grouped[k], whole[k], atol=1e-5, rtol=0), k
+
+
+def test_logp_from_sampler_skips_the_policy_scoring_forward(tmp_path, monkeypatch):
+    from ppo_lm.models.actor_critic import PolicyModel
+
+    calls = []
+    real_forward = PolicyModel.forward
+    monkeypatch.setattr(PolicyModel, "forward", lambda self, *a, **k: calls.append(self) or real_forward(self, *a, **k))
+    cfg = tiny_config(tmp_path, iterations=1, optim__epochs=1, optim__num_minibatches=1,
+                      rollout__num_prompts=16, rollout__max_new_tokens=8, rollout__logp_from_sampler=True)
+    cfg.rollout.stop_tokens = list("0123456789")
+    tr = PPOTrainer(cfg, verifier=length_reward)
+    batch = tr.rollout(1)
+    assert calls and all(m is tr.ref for m in calls)  # the reference's forwards only
+    with torch.no_grad():
+        ref = tr.policy(batch.input_ids, batch.attention_mask, batch.prompt_width)["logp"]
+    assert float((batch.logp_old - ref).abs()[batch.response_mask].max()) < 1e-5
+    metrics = tr.learn(batch, 1)
+    assert abs(metrics["ratio_max"] - 1) < 1e-4

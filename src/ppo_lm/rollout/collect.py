@@ -43,8 +43,12 @@ def collect_rollout(
     missing_eos_penalty: float = 0.0,
     device: torch.device | str = "cpu",
     timings: dict[str, float] | None = None,
+    logp_from_sampler: bool = False,
 ) -> RolloutBatch:
     """Sample ``samples_per_prompt`` responses per prompt row and score them.
+
+    ``logp_from_sampler``: logp_old from the decode logits (no scoring forward of the policy, unless
+    the shared critic needs it for values); by default a training-layout forward computes it.
 
     Episodes are laid out group-contiguous: [p0s0, p0s1, …, p1s0, …]. ``timings`` receives the
     seconds spent in ``generate`` and ``score`` (all scoring forwards and the reward).
@@ -60,7 +64,7 @@ def collect_rollout(
     with gathered(models.policy):  # FSDP: one all-gather for the whole decode
         gen = generate(
             models.policy.lm, prompt_ids, prompt_mask, sampling, pad_token_id=tokenizer.pad_token_id,
-            generator=generator,
+            generator=generator, return_logprobs=logp_from_sampler,
         )
     t1 = time.perf_counter()
     timings["generate_s"] = t1 - t0
@@ -76,15 +80,20 @@ def collect_rollout(
         values_all = torch.zeros(B, T + 1, device=device)
     lengths = gen.mask.sum(1)
     groups = length_groups(lengths, forward_batch_size, prompt_width=P)  # (rows, response width) per forward
-    # logp_old uses the training forward (not the decode logits) so the first update's ratio is 1.
+    # By default logp_old comes from the training forward (not the decode logits), so the first
+    # update's ratio is 1 to rounding.
+    sampler_logp = gen.logprobs is not None and not models.shared_critic
+    if sampler_logp:
+        logp_old = gen.logprobs
     with torch.no_grad():
         for rows, w in groups:
             ids, mask = input_ids[rows, : P + w], attention_mask[rows, : P + w]
-            out = models.policy(ids, mask, P, temperature=temperature, with_values=models.shared_critic)
-            logp_old[rows, :w] = out["logp"]
-            if models.shared_critic:
-                values_all[rows, : w + 1] = out["values"]
-            elif models.critic is not None:
+            if not sampler_logp:
+                out = models.policy(ids, mask, P, temperature=temperature, with_values=models.shared_critic)
+                logp_old[rows, :w] = out["logp"]
+                if models.shared_critic:
+                    values_all[rows, : w + 1] = out["values"]
+            if models.critic is not None:
                 values_all[rows, : w + 1] = models.critic(ids, mask, P)
     with frozen_mode(models.ref):
         for rows, w in groups:

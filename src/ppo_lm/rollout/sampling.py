@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ..models import lean
 from ..models.hf_compat import cache_kwarg, new_cache, trunk
-from ..models.logprobs import position_ids_from_mask
+from ..models.logprobs import gather_logprobs, position_ids_from_mask
 
 
 @dataclass
@@ -33,11 +33,13 @@ class SamplingParams:
 @dataclass
 class Generation:
     """responses (B, T) padded with ``pad_token_id``; mask (B, T) right-padded, including the stop
-    token; terminated (B,) True when a stop token ended the response."""
+    token; terminated (B,) True when a stop token ended the response; logprobs (B, T) (0 on padding)
+    when asked for."""
 
     responses: Tensor
     mask: Tensor
     terminated: Tensor
+    logprobs: Tensor | None = None  # (B, T) log π(token) under softmax(logits / T), with return_logprobs
 
 
 def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -166,12 +168,16 @@ def generate(
     pad_token_id: int,
     generator: torch.Generator | None = None,
     lean_path: bool | None = None,
+    return_logprobs: bool = False,
 ) -> Generation:
     """Sample responses for left-padded prompts (B, P) with a causal LM.
 
     ``lean_path``: None = the lean Qwen2/Llama decoder when the model supports it, else transformers'
     forward; False forces the transformers path (the two give the same logits within fp32 rounding).
     Returns a :class:`Generation` whose width T is the longest response (≤ ``max_new_tokens``).
+    ``return_logprobs``: also the sampled tokens' log-probs under the policy's full distribution
+    softmax(logits / temperature) (temperature 0 counts as 1) — before top-k/top-p filtering and the
+    ``min_new_tokens`` mask, as the training forward computes them.
     """
     B, P = prompt_ids.shape
     device = prompt_ids.device
@@ -180,6 +186,8 @@ def generate(
     responses = torch.full((B, T), pad_token_id, dtype=torch.long, device=device)
     lengths = torch.full((B,), T, dtype=torch.long, device=device)
     terminated = torch.zeros(B, dtype=torch.bool, device=device)
+    logprobs = torch.zeros(B, T, device=device) if return_logprobs else None
+    temperature = params.temperature or 1.0
 
     if lean_path is None:
         lean_path = lean.supported(trunk(lm))
@@ -189,10 +197,14 @@ def generate(
     alive = torch.arange(B, device=device)  # original row of each decode-batch row
     live = torch.ones(B, dtype=torch.bool, device=device)  # decode-batch rows still sampling
     for t in range(T):
+        raw = logits
         if t < params.min_new_tokens and stop.numel():
             logits = logits.index_fill(-1, stop, float("-inf"))
         tokens = sample_next(logits, params, generator)
         responses[alive[live], t] = tokens[live]
+        if logprobs is not None:
+            lp = gather_logprobs(raw.float() / temperature, tokens)
+            logprobs[alive[live], t] = lp[live]
         if stop.numel():
             done = live & torch.isin(tokens, stop)
             if bool(done.any()):
@@ -218,4 +230,6 @@ def generate(
     width = int(lengths.max()) if B else 0
     mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(1)
     responses = responses[:, :width].masked_fill(~mask, pad_token_id)
-    return Generation(responses=responses, mask=mask, terminated=terminated)
+    if logprobs is not None:
+        logprobs = logprobs[:, :width].where(mask, 0)
+    return Generation(responses=responses, mask=mask, terminated=terminated, logprobs=logprobs)

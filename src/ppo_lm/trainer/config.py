@@ -78,6 +78,10 @@ class RolloutConfig:
     """Subtracted from the score of responses cut by the length limit (no stop token)."""
     forward_batch_size: int = 0
     """Batch size of the scoring forwards (policy/ref/critic/reward); 0 = the whole rollout."""
+    logp_from_sampler: bool = False
+    """Take logp_old from the sampler's logits instead of a scoring forward of the policy (saves
+    that forward, ≈ 3 % of a W1 iteration). The two agree within 1e-5 but not exactly, so the first
+    update's ratio is 1 only to ≈ 1e-6. Ignored with a shared critic (its values need the forward)."""
 
 
 @dataclass
