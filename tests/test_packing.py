@@ -34,7 +34,9 @@ def test_plan_places_every_real_token_once():
     assert torch.equal(plan.positions, position_ids_from_mask(mask)[mask.bool()])
     ids = torch.arange(mask.numel()).view(mask.shape)
     packed, pos, seg = plan.pack(ids, fill=-1)
-    assert torch.equal(plan.unpack(packed.unsqueeze(-1).float()).squeeze(-1).long()[mask.bool()], ids[mask.bool()])
+    full = plan.keep(0)  # every slot
+    restored = full.unpack(packed.gather(1, full.index).unsqueeze(-1).float()).squeeze(-1).long()
+    assert torch.equal(restored[mask.bool()], ids[mask.bool()])
     for b in range(mask.shape[0]):  # a sequence is contiguous in one row, positions 0 … n−1
         r, c = (seg == b).nonzero(as_tuple=True)
         assert len(set(r.tolist())) == 1 and torch.equal(c, torch.arange(c[0], c[0] + len(c)))

@@ -36,14 +36,15 @@ def _hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, keep_fro
     """Final hidden states (B, L − keep_from, d) of positions keep_from … L − 1 (zeros at pads when
     the batch runs packed: Qwen2/Llama bodies pack the real tokens when that saves ≥ 20 % of the
     positions, see :mod:`.packing`)."""
+    lean_path = lean.supported(body)
+    plan = plan_packing(attention_mask) if lean_path and PACKING else None
+    if plan is not None:
+        ids, pos, seg = plan.pack(input_ids)
+        kept = plan.keep(keep_from)  # the last layer computes queries/MLP for these slots only
+        h = lean.forward_hidden(body, ids, seg >= 0, position_ids=pos, segment_ids=seg, keep_index=kept.index)
+        return kept.unpack(h)
     position_ids = position_ids_from_mask(attention_mask)
-    if lean.supported(body):
-        plan = plan_packing(attention_mask) if PACKING else None
-        if plan is not None:
-            ids, pos, seg = plan.pack(input_ids)
-            kept = plan.keep(keep_from)  # the last layer computes queries/MLP for these slots only
-            h = lean.forward_hidden(body, ids, seg >= 0, position_ids=pos, segment_ids=seg, keep_index=kept.index)
-            return kept.unpack(h)
+    if lean_path:
         return lean.forward_hidden(body, input_ids, attention_mask, keep_from=keep_from, position_ids=position_ids)
     out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state[:, keep_from:]

@@ -14,7 +14,9 @@ log-probs and values against the plain transformers forward within 1e-5):
   kernel at these sizes (longer ones use ``scaled_dot_product_attention``);
 * ``keep_from``: the last layer computes queries, attention output and MLP only for positions
   ``>= keep_from`` (the earlier positions only contribute keys/values there), and the final norm
-  runs on those positions only;
+  runs on those positions only; ``keep_index`` does the same for any positions per row;
+* packed rows (:mod:`.packing`): ``segment_ids`` give a block-diagonal causal mask, so several
+  sequences share a row without seeing each other;
 * decoding writes keys/values into preallocated buffers (:class:`KVBuffers`) instead of
   concatenating a growing cache every step;
 * fp32 CPU matmuls go through oneDNN (:func:`linear`), faster than MKL on the benchmark CPU;
@@ -283,7 +285,8 @@ def forward_hidden(
             kv = linear(x, w, b).view(B, L, 2 * n_kv, hd)
             k, v = kv.split([n_kv, n_kv], dim=2)  # split (not slicing): its backward is one cat
             xq = _queries(x, cut, pick)
-            q = kernels.rotate(_proj(a.q_proj, xq).view(B, xq.shape[1], n_q, hd), _queries(cos, cut, pick), _queries(sin, cut, pick))
+            q = _proj(a.q_proj, xq).view(B, xq.shape[1], n_q, hd)
+            q = kernels.rotate(q, _queries(cos, cut, pick), _queries(sin, cut, pick))
             k = kernels.rotate(k, cos, sin)
         else:
             w, b = weights[i][:2] if weights is not None else _fused([a.q_proj, a.k_proj, a.v_proj])

@@ -45,12 +45,6 @@ class PackPlan:
         seg[self.dst_r, self.dst_c] = self.src_b
         return ids, pos, seg
 
-    def unpack(self, h: Tensor) -> Tensor:
-        """Packed (R, C, d) → padded (B, L, d), zeros at the pads (differentiable)."""
-        out = h.new_zeros(self.batch, self.length, h.shape[-1])
-        out[self.src_b, self.src_l] = h[self.dst_r, self.dst_c]
-        return out
-
     def keep(self, keep_from: int) -> Kept:
         """The packed slots of the tokens at padded positions ≥ ``keep_from`` (the only outputs a
         caller reads), as a per-row index for the last layer (``lean.forward_hidden(keep_index=)``)."""
