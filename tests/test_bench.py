@@ -37,6 +37,12 @@ def test_w2_stops_early(capsys):
     assert r["response_length_mean"] < bench.TINY.response_len
 
 
+def test_bad_device_is_refused_before_building_anything(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--tiny", "--device", "tpu"])
+    assert e.value.code == 2 and "--device" in capsys.readouterr().err
+
+
 def test_w1_config_is_the_spec_workload(tmp_path):
     cfg = bench.make_config("w1", bench.W1_SHAPE, ("p", "r", "t"), str(tmp_path), 2, 2)
     r, a, o = cfg.rollout, cfg.algo, cfg.optim

@@ -40,6 +40,15 @@ def test_config_errors_name_the_field(tmp_path, overrides, field):
         validate_config(tiny_config(tmp_path, **overrides))
 
 
+def test_bad_device_names_the_field(tmp_path):
+    import torch
+
+    bad = ["tpu", "cuda:99"] + ([] if torch.cuda.is_available() else ["cuda"])
+    for device in bad:
+        with pytest.raises(ConfigError, match="model.device"):
+            PPOTrainer(tiny_config(tmp_path, model__device=device), verifier=count_sevens)
+
+
 def test_world_size_must_divide_prompts(tmp_path):
     with pytest.raises(ConfigError, match="num_prompts"):
         validate_config(tiny_config(tmp_path, rollout__num_prompts=9), world_size=2)

@@ -295,6 +295,13 @@ def cmd_bench(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.iterations < 1 or args.warmup < 0:
         ap.error("--iterations must be >= 1 and --warmup >= 0")
+    from .trainer.builders import resolve_device
+    from .trainer.config_io import ConfigError
+
+    try:
+        resolve_device(args.device)  # before building anything
+    except ConfigError as e:
+        ap.error(str(e).replace("`model.device`", "--device"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     run_bench(args.workload, args.iterations, args.threads, args.json, warmup=args.warmup, tiny=args.tiny,
               compare_hf_generate=args.compare_hf_generate, compile_kernels=args.compile_kernels,

@@ -24,7 +24,16 @@ def resolve_device(spec: str) -> torch.device:
 
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         return torch.device("cpu")
-    return torch.device(spec)
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise ConfigError(f"`model.device`: {spec!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"`model.device`: {spec!r} asked for, but this torch build sees no CUDA device; "
+                          "use cpu or auto")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"`model.device`: {spec!r}, but only {torch.cuda.device_count()} CUDA device(s) exist")
+    return device
 
 
 def _is_model_path(spec: str) -> bool:
