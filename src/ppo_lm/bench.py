@@ -100,7 +100,8 @@ def random_prompts(n: int, shape: Shape, seed: int = 0) -> list[dict]:
 
 
 def make_config(workload: str, shape: Shape, paths: tuple[str, str, str], output_dir: str, iterations: int,
-                threads: int, compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False):
+                threads: int, compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False,
+                cpu_lanes: int | None = None):
     """The workload as a TrainConfig (``paths`` = policy, reward model, tokenizer directories)."""
     from .trainer.config import TrainConfig
 
@@ -109,6 +110,8 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str], output
     (m.policy, m.reward, m.tokenizer), m.critic, m.critic_init = paths, "separate", "reward"
     m.dtype, m.device, m.compile_kernels = "float32", device, compile_kernels
     cfg.rollout.logp_from_sampler = logp_from_sampler
+    if cpu_lanes is not None:
+        m.cpu_lanes = cpu_lanes
     cfg.data.shuffle = False
     r.num_prompts, r.samples_per_prompt, r.max_new_tokens, r.temperature = shape.batch, 1, shape.response_len, 1.0
     if workload == "w1":
@@ -204,7 +207,8 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
 
 def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_out: bool = False, *,
               warmup: int = 1, tiny: bool = False, compare_hf_generate: bool = False,
-              compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False) -> dict:
+              compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False,
+              cpu_lanes: int | None = None) -> dict:
     """Build the workload, run ``warmup + iterations`` trainer iterations and report throughput.
 
     Per-phase seconds are medians over the timed iterations (the ``warmup`` first ones are dropped);
@@ -225,7 +229,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         root = Path(tmp)
         paths = save_models(root, shape)
         cfg = make_config(workload, shape, paths, str(root / "run"), warmup + iterations, threads, compile_kernels,
-                          device, logp_from_sampler)
+                          device, logp_from_sampler, cpu_lanes)
         rows = random_prompts(shape.batch * (warmup + iterations), shape)
         t_build = time.perf_counter()
         trainer = PPOTrainer(cfg, prompt_rows=rows)
@@ -260,6 +264,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         "warmup_s": round(sum(m["iteration_s"] for m in history[:warmup]), 3),
         "build_s": round(build_s, 3),
         "compile_kernels": kernels.compiled(), "logp_from_sampler": logp_from_sampler,
+        "cpu_lanes": trainer.update_ctx.lanes.lanes,
         "peak_rss_mb": round(rss_mb),
         "device": device, "torch": torch.__version__,
         **({"gpu_peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20)} if device.startswith("cuda") else {}), "nproc": os.cpu_count(), "machine": platform.machine(),
@@ -290,6 +295,8 @@ def cmd_bench(argv: list[str]) -> int:
                          "build_s and warmup_s)")
     ap.add_argument("--logp-from-sampler", action="store_true",
                     help="rollout.logp_from_sampler: logp_old from the decode logits (no policy scoring forward)")
+    ap.add_argument("--cpu-lanes", type=int, default=None,
+                    help="model.cpu_lanes (default: the config's): independent models side by side on CPU")
     ap.add_argument("--device", default="cpu", help="cpu (W1's definition) or cuda / cuda:N")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests only
     args = ap.parse_args(argv)
@@ -305,5 +312,5 @@ def cmd_bench(argv: list[str]) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     run_bench(args.workload, args.iterations, args.threads, args.json, warmup=args.warmup, tiny=args.tiny,
               compare_hf_generate=args.compare_hf_generate, compile_kernels=args.compile_kernels,
-              device=args.device, logp_from_sampler=args.logp_from_sampler)
+              device=args.device, logp_from_sampler=args.logp_from_sampler, cpu_lanes=args.cpu_lanes)
     return 0

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
+from .. import distributed as dist
+from ..lanes import Lanes
 from ..models.actor_critic import CriticModel, PolicyModel
 from ..models.sharding import frozen_mode, gathered
 from .batch import RolloutBatch, length_groups
@@ -44,9 +47,11 @@ def collect_rollout(
     device: torch.device | str = "cpu",
     timings: dict[str, float] | None = None,
     logp_from_sampler: bool = False,
+    lanes: Lanes | None = None,
 ) -> RolloutBatch:
     """Sample ``samples_per_prompt`` responses per prompt row and score them.
 
+    ``lanes``: on CPU, score shares of the rows side by side (:mod:`ppo_lm.lanes`).
     ``logp_from_sampler``: logp_old from the decode logits (no scoring forward of the policy, unless
     the shared critic needs it for values); by default a training-layout forward computes it.
 
@@ -80,14 +85,23 @@ def collect_rollout(
         values_all = torch.zeros(B, T + 1, device=device)
     lengths = gen.mask.sum(1)
     groups = length_groups(lengths, forward_batch_size, prompt_width=P)  # (rows, response width) per forward
+    if not forward_batch_size and dist.world_size() > 1:
+        # Sharded (FSDP) models all-gather in every forward: the ranks must run as many forwards.
+        k = int(dist.all_reduce_max(torch.tensor(len(groups))))
+        if k != len(groups):
+            groups = length_groups(lengths, num_groups=k, prompt_width=P)
     # By default logp_old comes from the training forward (not the decode logits), so the first
     # update's ratio is 1 to rounding.
     sampler_logp = gen.logprobs is not None and not models.shared_critic
     if sampler_logp:
         logp_old = gen.logprobs
-    with torch.no_grad():
-        for rows, w in groups:
-            ids, mask = input_ids[rows, : P + w], attention_mask[rows, : P + w]
+    last_index = P + lengths - 1
+    scores = torch.zeros(B, device=device)
+
+    def score_rows(rows: Tensor, w: int) -> None:
+        # Every model on these rows; the outputs are preallocated and rows are disjoint between lanes.
+        ids, mask = input_ids[rows, : P + w], attention_mask[rows, : P + w]
+        with torch.no_grad():
             if not sampler_logp:
                 out = models.policy(ids, mask, P, temperature=temperature, with_values=models.shared_critic)
                 logp_old[rows, :w] = out["logp"]
@@ -95,19 +109,22 @@ def collect_rollout(
                     values_all[rows, : w + 1] = out["values"]
             if models.critic is not None:
                 values_all[rows, : w + 1] = models.critic(ids, mask, P)
-    with frozen_mode(models.ref):
-        for rows, w in groups:
-            logp_ref[rows, :w] = models.ref(input_ids[rows, : P + w], attention_mask[rows, : P + w], P,
-                                            temperature=temperature)["logp"]
+        with frozen_mode(models.ref):
+            logp_ref[rows, :w] = models.ref(ids, mask, P, temperature=temperature)["logp"]
+        if models.reward_model is not None:
+            scores[rows] = score_with_model(models.reward_model, ids, mask, last_index[rows])
+
+    # On CPU each group's rows are shared among lanes (threads) that run at once.
+    n_lanes = lanes.lanes if lanes is not None else 1
+    for rows, w in groups:
+        shares = [rows[i::n_lanes] for i in range(min(n_lanes, rows.numel()))]
+        if len(shares) > 1:
+            lanes.run([partial(score_rows, r, w) for r in shares])
+        else:
+            score_rows(rows, w)
     logp_ref = logp_ref.clone()  # leave inference mode: these tensors are used next to autograd ones
 
     responses_text = _strip_special(tokenizer, gen.responses, gen.mask)
-    if models.reward_model is not None:
-        last_index = P + lengths - 1
-        scores = torch.zeros(B, device=device)
-        for rows, w in groups:
-            scores[rows] = score_with_model(models.reward_model, input_ids[rows, : P + w],
-                                            attention_mask[rows, : P + w], last_index[rows])
     columns = {k: [row[k] for row in prompt_rows for _ in range(samples_per_prompt)]
                for k in prompt_rows[0] if k != prompt_column}
     if models.reward_model is None:

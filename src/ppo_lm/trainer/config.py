@@ -45,6 +45,11 @@ class ModelConfig:
     """Fuse RMSNorm, RoPE and SwiGLU of Qwen2/Llama training forwards/backwards with torch.compile
     (W1 iteration ≈ 4 % faster on CPU; ≈ 15 s of compiling at start, ≈ 4 s once inductor's disk
     cache is warm). Falls back to eager kernels with a warning when no compiler is usable."""
+    cpu_lanes: int = 2
+    """On CPU in a single process: run independent model work side by side on this many threads, each
+    with its share of torch's threads — the policy's and the critic's forward/backward in the update,
+    halves of the rows through the scoring models (W1: ≈ 8 % faster per iteration on 2 cores; peak
+    memory holds both models' activations at once). 1 = one model at a time."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "auto"
     """'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu', 'cuda', …"""

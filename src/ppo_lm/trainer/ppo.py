@@ -155,7 +155,7 @@ class PPOTrainer:
             sampling=self.sampling, samples_per_prompt=cfg.rollout.samples_per_prompt,
             generator=self.sample_gen, forward_batch_size=cfg.rollout.forward_batch_size,
             missing_eos_penalty=cfg.rollout.missing_eos_penalty, device=self.device, timings=timings,
-            logp_from_sampler=cfg.rollout.logp_from_sampler,
+            logp_from_sampler=cfg.rollout.logp_from_sampler, lanes=self.update_ctx.lanes,
         )
 
     def learn(

@@ -6,12 +6,14 @@ import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from .. import distributed as dist
 from ..algorithms import aggregate, kl_penalty, value_loss
+from ..lanes import Lanes, resolve_lanes
 from ..models.actor_critic import CriticModel, PolicyModel, packs_sequences
 from ..rollout.batch import RolloutBatch, length_groups
 from .config import TrainConfig
@@ -43,6 +45,12 @@ class UpdateContext:
     critic_opt: torch.optim.Optimizer | None
     actor_sched: object
     critic_sched: object | None
+    lanes: Lanes  # shares each micro-batch's rows among threads on CPU
+
+    @property
+    def policy_grad_params(self) -> list[nn.Parameter]:
+        """Every trainable parameter of the policy module (its value head included)."""
+        return [p for p in self.policy.parameters() if p.requires_grad]
 
     @classmethod
     def build(cls, cfg: TrainConfig, policy: PolicyModel, critic: CriticModel | None, device) -> UpdateContext:
@@ -77,6 +85,7 @@ class UpdateContext:
             cfg, policy, critic, policy_fwd, critic_fwd, actor_params, critic_params, actor_opt, critic_opt,
             _scheduler(o.schedule, actor_opt, o.warmup_steps, actor_total),
             _scheduler(o.schedule, critic_opt, o.warmup_steps, total) if critic_opt else None,
+            Lanes(resolve_lanes(cfg.model.cpu_lanes, device, dist.is_initialized())),
         )
 
 
@@ -139,6 +148,119 @@ def _micro_batches(mb_idx: Tensor, batch: RolloutBatch, size: int, *, packed: bo
     return [mb_idx[g] for g, _ in groups]
 
 
+@dataclass
+class _Step:
+    """What the update of one micro-batch (or one lane's share of it) needs besides the rows."""
+
+    P: int  # prompt width
+    temperature: float
+    policy_loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]]
+    loss_args: dict  # agg, denominator (the minibatch's global count / world), horizon
+    train_policy: bool
+    policy_values: bool  # the policy's value head gives the values (shared critic)
+    critic_values: bool  # a separate critic gives them
+    want_entropy: bool
+    own_grads: bool  # return gradients (autograd.grad) instead of accumulating into .grad
+
+
+def _backward(loss: Tensor, params: list[nn.Parameter] | None) -> tuple[bool, tuple | None]:
+    """(finite, grads): back-propagate ``loss`` into ``.grad`` (``params`` None), or return its
+    gradients w.r.t. ``params`` (None where a parameter is unused) without touching ``.grad``."""
+    ok = bool(torch.isfinite(loss))
+    if not loss.requires_grad:
+        return ok, None
+    if params is None:
+        loss.backward()
+        return ok, None
+    return ok, torch.autograd.grad(loss, params, allow_unused=True)
+
+
+def _policy_part(ctx: UpdateContext, mbat: RolloutBatch, st: _Step, to_local: float):
+    """Forward and backward of the policy's loss (clipped surrogate, KL and entropy terms; the value
+    loss too with a shared critic's head). Returns (loss finite, stats, grads or None)."""
+    a = ctx.cfg.algo
+    m = mbat.response_mask
+    ent_grad = a.entropy_coef > 0
+    denom, horizon = st.loss_args["denominator"], st.loss_args["horizon"]
+    out = ctx.policy_fwd(
+        mbat.input_ids, mbat.attention_mask, st.P, temperature=st.temperature,
+        with_entropy=st.want_entropy and st.train_policy, entropy_grad=ent_grad, with_values=st.policy_values,
+    )
+    logp = out.get("logp")
+    loss = torch.zeros((), device=m.device)
+    stats: dict[str, Tensor | float] = {}
+    if st.train_policy:
+        pl, ps = st.policy_loss_fn(logp, mbat.logp_old, mbat.advantages, m, clip_eps=a.clip_eps,
+                                   clip_eps_high=a.clip_eps_high, dual_clip=a.dual_clip, **st.loss_args)
+        loss = loss + pl
+        stats.update({"policy_loss": pl.detach() * to_local,
+                      "approx_kl": ps["approx_kl"], "approx_kl_k3": ps["approx_kl_k3"],
+                      "policy_clip_frac": ps["clip_frac"], "dual_clip_frac": ps["dual_clip_frac"],
+                      "ratio_max": ps["ratio_max"]})
+        if a.kl_in == "loss" and a.kl_coef > 0:
+            kl_loss = aggregate(kl_penalty(logp, mbat.logp_ref, a.kl_estimator), m, a.loss_agg,
+                                denominator=denom, horizon=horizon)
+            loss = loss + a.kl_coef * kl_loss
+            stats["kl_loss"] = kl_loss.detach() * to_local
+        if ent_grad:
+            loss = loss - a.entropy_coef * aggregate(out["entropy"], m, a.loss_agg, denominator=denom, horizon=horizon)
+    if "entropy" in out:
+        stats["entropy"] = out["entropy"].detach().where(m, 0).sum() / m.sum()
+    if st.policy_values:
+        vl, vs = value_loss(out["values"][:, :-1], mbat.values_old, mbat.returns, m,
+                            clip_eps=a.value_clip_eps, **st.loss_args)
+        loss = loss + a.vf_coef * vl
+        stats.update({"value_loss": vl.detach() * to_local, "value_clip_frac": vs["clip_frac"]})
+    ok, grads = _backward(loss, ctx.policy_grad_params if st.own_grads else None)
+    return ok, stats, grads
+
+
+def _critic_part(ctx: UpdateContext, mbat: RolloutBatch, st: _Step, to_local: float):
+    """Forward and backward of a separate critic's clipped value loss. Returns (finite, stats, grads)."""
+    a = ctx.cfg.algo
+    values = ctx.critic_fwd(mbat.input_ids, mbat.attention_mask, st.P)
+    vl, vs = value_loss(values[:, :-1], mbat.values_old, mbat.returns, mbat.response_mask,
+                        clip_eps=a.value_clip_eps, **st.loss_args)
+    ok, grads = _backward(a.vf_coef * vl, ctx.critic_params if st.own_grads else None)
+    return ok, {"value_loss": vl.detach() * to_local, "value_clip_frac": vs["clip_frac"]}, grads
+
+
+def _rows_step(ctx: UpdateContext, mbat: RolloutBatch, st: _Step):
+    """The policy's, then the critic's forward/backward on some rows (one after the other, so the
+    policy's activations are freed before the critic's forward). Returns (finite, stats, weight,
+    policy grads, critic grads); stats are means over these rows, ``weight`` their token (or
+    sequence) count."""
+    m = mbat.response_mask
+    n_local = float(m.sum()) if ctx.cfg.algo.loss_agg == "token-mean" else float(m.shape[0])
+    to_local = float(st.loss_args["denominator"]) / max(n_local, 1.0)  # loss (÷ denominator) → local mean
+    ok, stats, policy_grads, critic_grads = True, {}, None, None
+    if st.train_policy or st.policy_values:
+        ok, stats, policy_grads = _policy_part(ctx, mbat, st, to_local)
+    if st.critic_values:
+        ok_c, stats_c, critic_grads = _critic_part(ctx, mbat, st, to_local)
+        ok, stats = ok and ok_c, {**stats, **stats_c}
+    return ok, stats, n_local, policy_grads, critic_grads
+
+
+def _lane_rows(idx: Tensor, mask: Tensor, lanes: int) -> list[Tensor]:
+    """Split a micro-batch's rows ``idx`` into ``lanes`` shares of about equal token counts: rows by
+    decreasing response length, dealt in turn (``mask``: the batch's response mask)."""
+    if lanes <= 1 or idx.numel() < 2:
+        return [idx]
+    order = idx[mask[idx].sum(1).argsort(descending=True, stable=True)]
+    return [order[i::lanes] for i in range(min(lanes, idx.numel()))]
+
+
+def _accumulate(params: list[nn.Parameter], per_lane: list[tuple | None]) -> None:
+    """Add the lanes' gradients into ``.grad``, in lane order (deterministic sums)."""
+    for grads in per_lane:
+        if grads is None:
+            continue
+        for p, g in zip(params, grads):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad.add_(g)
+
+
 def ppo_update(
     ctx: UpdateContext,
     batch: RolloutBatch,
@@ -164,6 +286,8 @@ def ppo_update(
     stats, skipped = _Mean(), 0
     P = batch.prompt_width
     packed = packs_sequences(ctx.policy) and (ctx.critic is None or packs_sequences(ctx.critic))
+    shared_values = ctx.policy.value_head is not None and bool(has_critic)
+    separate_values = ctx.policy.value_head is None and bool(has_critic)
 
     for epoch in range(o.epochs):
         perm = torch.randperm(B, generator=shuffle_gen).to(batch.input_ids.device)
@@ -179,70 +303,25 @@ def ppo_update(
             finite = True
             micro_batches = _micro_batches(mb_idx, batch, o.micro_batch_size, packed=packed)
             for j, micro_idx in enumerate(micro_batches):
-                mbat = batch.select(micro_idx)
-                m = mbat.response_mask
+                # On CPU the micro-batch's rows are shared among lanes (threads) that run at once, each
+                # returning its gradients; summed, they are the micro-batch's gradient.
+                shares = _lane_rows(micro_idx, batch.response_mask, ctx.lanes.lanes)
+                st = _Step(P, temperature, policy_loss_fn, dict(agg=a.loss_agg, denominator=denom, horizon=horizon),
+                           train_policy, shared_values, separate_values,
+                           want_entropy=ent_grad or epoch == 0,  # the entropy diagnostic: first epoch only
+                           own_grads=len(shares) > 1)
                 # Gradients are all-reduced once per minibatch, on its last micro-batch.
-                sync = _no_sync(ctx, skip=j < len(micro_batches) - 1)
-                sync.__enter__()
-                # The entropy diagnostic is read on the first epoch only (no gradient unless c₂ > 0).
-                want_entropy = ent_grad or epoch == 0
-                shared_values = ctx.policy.value_head is not None and has_critic
-                out = {}
-                if train_policy or shared_values:
-                    out = ctx.policy_fwd(
-                        mbat.input_ids, mbat.attention_mask, P, temperature=temperature,
-                        with_entropy=want_entropy and train_policy, entropy_grad=ent_grad,
-                        with_values=shared_values,
-                    )
-                logp = out.get("logp")
-                loss = torch.zeros((), device=m.device)
-                step_stats: dict[str, Tensor | float] = {}
-                n_local = float(m.sum()) if a.loss_agg == "token-mean" else float(m.shape[0])
-                to_local = float(denom) / max(n_local, 1.0)  # loss (normalised by denom) → local mean
-
-                if train_policy:
-                    pl, ps = policy_loss_fn(
-                        logp, mbat.logp_old, mbat.advantages, m, clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
-                        dual_clip=a.dual_clip, agg=a.loss_agg, denominator=denom, horizon=horizon,
-                    )
-                    loss = loss + pl
-                    step_stats.update({"policy_loss": pl.detach() * to_local,
-                                       "approx_kl": ps["approx_kl"], "approx_kl_k3": ps["approx_kl_k3"],
-                                       "policy_clip_frac": ps["clip_frac"], "dual_clip_frac": ps["dual_clip_frac"],
-                                       "ratio_max": ps["ratio_max"]})
-                    if a.kl_in == "loss" and a.kl_coef > 0:
-                        kl = kl_penalty(logp, mbat.logp_ref, a.kl_estimator)
-                        kl_loss = aggregate(kl, m, a.loss_agg, denominator=denom, horizon=horizon)
-                        loss = loss + a.kl_coef * kl_loss
-                        step_stats["kl_loss"] = kl_loss.detach() * to_local
-                if ent_grad and train_policy:
-                    ent = aggregate(out["entropy"], m, a.loss_agg, denominator=denom, horizon=horizon)
-                    loss = loss - a.entropy_coef * ent
-                if "entropy" in out:
-                    step_stats["entropy"] = out["entropy"].detach().where(m, 0).sum() / m.sum()
-                if has_critic and ctx.policy.value_head is None and loss.requires_grad:
-                    # Separate critic: back-propagate the policy part before the critic's forward, so
-                    # the two models' activations are never held together (peak memory). The parameter
-                    # sets are disjoint, so the gradients are exactly those of the summed loss.
-                    loss.backward()
-                    loss = loss.detach()
-                if has_critic:
-                    values = out["values"] if ctx.policy.value_head is not None else ctx.critic_fwd(
-                        mbat.input_ids, mbat.attention_mask, P)
-                    vl, vs = value_loss(values[:, :-1], mbat.values_old, mbat.returns, m,
-                                        clip_eps=a.value_clip_eps, agg=a.loss_agg, denominator=denom, horizon=horizon)
-                    loss = loss + a.vf_coef * vl
-                    step_stats["value_loss"] = vl.detach() * to_local
-                    step_stats["value_clip_frac"] = vs["clip_frac"]
-                # A non-finite loss still runs backward, so every rank takes part in the same
-                # gradient all-reduces; the whole minibatch's gradient is then discarded below.
-                loss_finite = bool(torch.isfinite(loss))
+                with _no_sync(ctx, skip=j < len(micro_batches) - 1):
+                    results = ctx.lanes.run([partial(_rows_step, ctx, batch.select(rows), st) for rows in shares])
+                _accumulate(ctx.policy_grad_params, [r[3] for r in results])
+                _accumulate(ctx.critic_params, [r[4] for r in results])
+                # A non-finite loss still ran backward, so every rank took part in the same gradient
+                # all-reduces; the whole minibatch's gradient is then discarded below.
+                loss_finite = all(r[0] for r in results)
                 finite = finite and loss_finite
-                if loss.requires_grad:
-                    loss.backward()
-                sync.__exit__(None, None, None)
                 if loss_finite:
-                    stats.add(step_stats, n_local)
+                    for _, step_stats, weight, _, _ in results:
+                        stats.add(step_stats, weight)
             finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)) == 0)
             if not finite:
                 skipped += 1

@@ -30,7 +30,7 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
         raise ConfigError(f"`iterations` must be >= 1, got {cfg.iterations}")
     for name, v in [("rollout.num_prompts", r.num_prompts), ("rollout.samples_per_prompt", r.samples_per_prompt),
                     ("rollout.max_new_tokens", r.max_new_tokens), ("optim.epochs", o.epochs),
-                    ("optim.num_minibatches", o.num_minibatches)]:
+                    ("optim.num_minibatches", o.num_minibatches), ("model.cpu_lanes", cfg.model.cpu_lanes)]:
         if v < 1:
             raise ConfigError(f"`{name}` must be >= 1, got {v}")
     _pos("rollout.temperature", r.temperature)

@@ -1,0 +1,119 @@
+"""CPU lanes (``ppo_lm.lanes``): independent work side by side on threads, same results as one at a time."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from trainer_helpers import length_reward, tiny_config
+
+from ppo_lm.lanes import Lanes, resolve_lanes
+from ppo_lm.trainer.ppo import PPOTrainer
+
+
+def test_run_keeps_order_splits_threads_and_restores_them():
+    torch.set_num_threads(2)
+    lanes = Lanes(2)
+    seen = []
+
+    def task(i):
+        def run():
+            seen.append((i, threading.get_ident(), torch.get_num_threads()))
+            time.sleep(0.05)  # overlap: the other task starts meanwhile
+            return i * 10
+        return run
+
+    assert lanes.run([task(0), task(1)]) == [0, 10]
+    assert {s[2] for s in seen} == {1}  # each lane has half of the two threads
+    assert len({s[1] for s in seen}) == 2  # on two threads
+    assert any(s[0] == 0 and s[1] == threading.get_ident() for s in seen)  # the first on the caller's
+    assert torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match="3 tasks for 2 lanes"):
+        lanes.run([task(0), task(1), task(2)])
+    lanes.close()
+
+
+def test_a_failing_task_raises_after_the_others_finish():
+    torch.set_num_threads(2)
+    lanes = Lanes(2)
+    done = []
+
+    def slow():
+        time.sleep(0.2)
+        done.append(True)
+
+    def bad():
+        raise RuntimeError("boom")
+
+    for tasks in ([slow, bad], [bad, slow]):
+        done.clear()
+        with pytest.raises(RuntimeError, match="boom"):
+            lanes.run(tasks)
+        assert done == [True]  # nothing still running when the error surfaces
+        assert torch.get_num_threads() == 2
+
+
+def test_one_lane_runs_inline_and_resolution_rules():
+    ident = []
+    assert Lanes(1).run([lambda: ident.append(threading.get_ident()) or 1, lambda: 2]) == [1, 2]
+    assert ident == [threading.get_ident()]
+    torch.set_num_threads(2)
+    assert resolve_lanes(2, torch.device("cpu"), distributed=False) == 2
+    assert resolve_lanes(4, torch.device("cpu"), distributed=False) == 2  # not more lanes than threads
+    assert resolve_lanes(2, torch.device("cpu"), distributed=True) == 1
+    assert resolve_lanes(2, torch.device("cuda"), distributed=False) == 1
+
+
+def _trainer(tmp_path, lanes, **overrides):
+    cfg = tiny_config(tmp_path / f"lanes{lanes}", threads=2, rollout__num_prompts=16, rollout__max_new_tokens=12,
+                      optim__epochs=2, optim__num_minibatches=2, model__cpu_lanes=lanes, **overrides)
+    cfg.rollout.stop_tokens = list("0123456789")  # varied lengths
+    return PPOTrainer(cfg, verifier=length_reward)
+
+
+def _weights(tr):
+    out = {f"p.{k}": v.detach().clone() for k, v in tr.policy.state_dict().items()}
+    if tr.critic is not None:
+        out |= {f"c.{k}": v.detach().clone() for k, v in tr.critic.state_dict().items()}
+    return out
+
+
+@pytest.mark.parametrize("overrides", [
+    {},  # separate critic: policy and critic each split over the lanes
+    {"model__critic": "shared"},
+    {"algo__estimator": "grpo", "rollout__samples_per_prompt": 2, "algo__kl_in": "loss"},
+    {"optim__micro_batch_size": 4, "algo__entropy_coef": 0.01},
+])
+def test_update_with_two_lanes_equals_one_lane(tmp_path, overrides):
+    """Each lane back-propagates its share of the rows; summed, the gradients are the micro-batch's,
+    so the updated weights and the logged statistics match the one-lane update."""
+    one, two = _trainer(tmp_path, 1, **overrides), _trainer(tmp_path, 2, **overrides)
+    assert (one.update_ctx.lanes.lanes, two.update_ctx.lanes.lanes) == (1, 2)
+    batch = one.rollout(1)
+    assert batch.lengths.min() < batch.lengths.max()
+    m1, m2 = one.learn(batch, 1), two.learn(batch, 1)
+    w1, w2 = _weights(one), _weights(two)
+    assert not all(torch.equal(w1[k], w) for k, w in _weights(_trainer(tmp_path / "init", 1, **overrides)).items())
+    for k in w1:
+        assert torch.allclose(w1[k], w2[k], atol=1e-5, rtol=0), k
+    for k in ("policy_loss", "value_loss", "approx_kl", "entropy", "policy_clip_frac", "grad_norm_actor"):
+        if k in m1:
+            assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
+
+
+@pytest.mark.parametrize("critic,reward_model", [("separate", False), ("shared", False), ("separate", True)])
+def test_scoring_with_two_lanes_equals_one_lane(tmp_path, critic, reward_model):
+    """Each lane runs every scoring model (policy, critic, reference, reward model) on its rows."""
+    extra = {"model__critic": critic}
+    if reward_model:
+        from dist_worker import save_reward_model
+
+        extra["model__reward"] = save_reward_model(str(tmp_path / "rm"))
+    one, two = _trainer(tmp_path, 1, **extra), _trainer(tmp_path, 2, **extra)
+    assert (one.reward_model is not None) == reward_model
+    b1, b2 = one.rollout(1), two.rollout(1)
+    assert torch.equal(b1.input_ids, b2.input_ids)  # same samples: scoring is what differs
+    for name in ("logp_old", "logp_ref", "values_old", "bootstrap_values", "scores"):
+        assert torch.allclose(getattr(b1, name), getattr(b2, name), atol=1e-5, rtol=0), name
