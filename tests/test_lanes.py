@@ -9,8 +9,15 @@ import pytest
 import torch
 from trainer_helpers import length_reward, tiny_config
 
+from ppo_lm import lanes as lanes_module
 from ppo_lm.lanes import Lanes, resolve_lanes
 from ppo_lm.trainer.ppo import PPOTrainer
+
+
+@pytest.fixture(autouse=True)
+def _split_tiny_work(monkeypatch):
+    """The tiny test models are far below the share size at which lanes pay; split them anyway."""
+    monkeypatch.setattr(lanes_module, "MIN_SHARE_ELEMENTS", 1)
 
 
 def test_run_keeps_order_splits_threads_and_restores_them():
@@ -53,6 +60,15 @@ def test_a_failing_task_raises_after_the_others_finish():
             lanes.run(tasks)
         assert done == [True]  # nothing still running when the error surfaces
         assert torch.get_num_threads() == 2
+
+
+def test_split_keeps_shares_big_enough(monkeypatch):
+    monkeypatch.setattr(lanes_module, "MIN_SHARE_ELEMENTS", 1000)
+    lanes = Lanes(2, threads=2)
+    assert lanes.split(rows=10, tokens_per_row=10, hidden=20) == 2  # 2000 elements: two shares of 1000
+    assert lanes.split(rows=10, tokens_per_row=10, hidden=19) == 1
+    assert lanes.split(rows=1, tokens_per_row=10**6, hidden=64) == 1  # one row cannot be shared
+    assert Lanes(1).split(rows=10**3, tokens_per_row=10**3, hidden=10**3) == 1
 
 
 def test_one_lane_runs_inline_and_resolution_rules():
@@ -117,3 +133,16 @@ def test_scoring_with_two_lanes_equals_one_lane(tmp_path, critic, reward_model):
     assert torch.equal(b1.input_ids, b2.input_ids)  # same samples: scoring is what differs
     for name in ("logp_old", "logp_ref", "values_old", "bootstrap_values", "scores"):
         assert torch.allclose(getattr(b1, name), getattr(b2, name), atol=1e-5, rtol=0), name
+
+
+def test_gradient_checkpointing_keeps_one_lane(tmp_path):
+    """Checkpointed models back-propagate with .backward() on one lane (autograd.grad would not do)."""
+    from ppo_lm.trainer import builders
+
+    cfg = tiny_config(tmp_path, threads=2, model__cpu_lanes=2)
+    policy = builders.build_policy(cfg, builders.build_tokenizer(cfg.model))
+    policy.gradient_checkpointing_enable()
+    tr = PPOTrainer(cfg, policy=policy, verifier=length_reward)
+    assert tr.update_ctx.lanes.lanes == 1
+    assert _trainer(tmp_path, 2).update_ctx.lanes.lanes == 2
+    tr.train_iteration(1)

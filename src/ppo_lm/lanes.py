@@ -1,16 +1,17 @@
-"""Independent model computations side by side on a multi-core CPU.
+"""Independent shares of the work side by side on a multi-core CPU.
 
 On a CPU every PyTorch op splits its work over the intra-op threads and joins them again; between
-ops — in Python, in the autograd engine, in small ops that do not split — the other cores wait. Two
-computations that share nothing (the policy's and the critic's forward/backward in the update; two
-halves of the rows through the frozen scoring models) can instead run at the same time, each on its
-own OS thread with its share of the intra-op threads, so that one fills the other's gaps. On W1
-(2 cores) the policy + critic update ran ≈ 7–10 % faster this way (docs/benchmarks.md).
+ops — in Python, in the autograd engine, in small ops that do not split — the other cores wait. Work
+that splits into independent shares (the rows of an update micro-batch, each lane returning its own
+gradients; the rows of a scoring forward) can instead run at the same time, each share on its own
+OS thread with its part of the intra-op threads, so that one fills the other's gaps. On W1 (2 cores)
+an iteration ran ≈ 8 % faster this way (docs/benchmarks.md).
 
 Why it is safe: ops release the GIL; the autograd engine runs a CPU backward on the thread that calls
 ``backward``; grad mode and inference mode are thread-local (each task enters its own); the tasks
-given to :meth:`Lanes.run` touch disjoint parameters, gradients and output rows. Results equal the
-one-at-a-time order's up to float rounding (a matmul on fewer threads may sum in another order).
+given to :meth:`Lanes.run` write disjoint outputs (their own gradient tensors, their own rows).
+Results equal the one-at-a-time order's up to float rounding (a matmul on fewer threads may sum in
+another order).
 
 Only for CPU tensors in a single process: on a GPU the device, not the host threads, does the work;
 under torch.distributed each thread would issue collectives in its own order (the ranks must agree).
@@ -26,6 +27,11 @@ import torch
 
 T = TypeVar("T")
 
+# Below this many hidden-state elements (rows × tokens × hidden size) per share, handing work to
+# another thread costs more than it saves: the demo's model (hidden 64, ≈ 32 k per share) updated
+# 16 % slower on two lanes, W2's packed minibatches (≈ 200 k) 6 % faster, W1's (≈ 400 k) 8 %.
+MIN_SHARE_ELEMENTS = 1 << 17
+
 
 class Lanes:
     """Runs up to ``lanes`` tasks at once: the first on the caller's thread, the others on worker
@@ -38,6 +44,14 @@ class Lanes:
         self._pool = None
         if self.lanes > 1:
             self._pool = ThreadPoolExecutor(self.lanes - 1, thread_name_prefix="ppo-lm-lane")
+
+    def split(self, rows: int, tokens_per_row: int, hidden: int) -> int:
+        """Into how many shares to split a forward over ``rows`` × ``tokens_per_row`` tokens of a model
+        with this hidden size: as many as there are lanes while each share stays big enough."""
+        n = min(self.lanes, rows)
+        while n > 1 and rows * tokens_per_row * hidden < n * MIN_SHARE_ELEMENTS:
+            n -= 1
+        return max(n, 1)
 
     def run(self, tasks: Sequence[Callable[[], T]]) -> list[T]:
         """Results of ``tasks`` (at most ``lanes``) in order. With several lanes they run concurrently

@@ -115,9 +115,10 @@ def collect_rollout(
             scores[rows] = score_with_model(models.reward_model, ids, mask, last_index[rows])
 
     # On CPU each group's rows are shared among lanes (threads) that run at once.
-    n_lanes = lanes.lanes if lanes is not None else 1
+    hidden = getattr(getattr(models.policy.lm, "config", None), "hidden_size", 0) or 0
     for rows, w in groups:
-        shares = [rows[i::n_lanes] for i in range(min(n_lanes, rows.numel()))]
+        n = lanes.split(rows.numel(), P + w, hidden) if lanes is not None else 1
+        shares = [rows[i::n] for i in range(n)]
         if len(shares) > 1:
             lanes.run([partial(score_rows, r, w) for r in shares])
         else:

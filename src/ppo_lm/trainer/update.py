@@ -29,6 +29,13 @@ def _scheduler(name: str, opt: torch.optim.Optimizer, warmup: int, total: int):
     return get_scheduler(kind, opt, **kwargs)
 
 
+def _checkpointed(*models: nn.Module | None) -> bool:
+    """Gradient checkpointing on any trained model: (reentrant) checkpointing does not support the
+    ``autograd.grad`` the lanes back-propagate with, so the update keeps one lane."""
+    return any(vars(m).get("gradient_checkpointing") is True for model in models if model is not None
+               for m in model.modules())
+
+
 def _adamw(params: list[nn.Parameter], lr: float, adam: dict, *, fused: bool) -> torch.optim.Optimizer:
     """AdamW, fused into one kernel where torch has it for these parameters (CPU since torch 2.4,
     CUDA): W1's 4.5 M-parameter step takes 2 ms instead of 14 ms with the multi-tensor version.
@@ -97,7 +104,7 @@ class UpdateContext:
             cfg, policy, critic, policy_fwd, critic_fwd, actor_params, critic_params, actor_opt, critic_opt,
             _scheduler(o.schedule, actor_opt, o.warmup_steps, actor_total),
             _scheduler(o.schedule, critic_opt, o.warmup_steps, total) if critic_opt else None,
-            Lanes(resolve_lanes(cfg.model.cpu_lanes, device, dist.is_initialized())),
+            Lanes(1 if _checkpointed(policy, critic) else resolve_lanes(cfg.model.cpu_lanes, device, dist.is_initialized())),
         )
 
 
@@ -254,13 +261,16 @@ def _rows_step(ctx: UpdateContext, mbat: RolloutBatch, st: _Step):
     return ok, stats, n_local, policy_grads, critic_grads
 
 
-def _lane_rows(idx: Tensor, mask: Tensor, lanes: int) -> list[Tensor]:
-    """Split a micro-batch's rows ``idx`` into ``lanes`` shares of about equal token counts: rows by
-    decreasing response length, dealt in turn (``mask``: the batch's response mask)."""
-    if lanes <= 1 or idx.numel() < 2:
+def _lane_rows(idx: Tensor, batch: RolloutBatch, lanes: Lanes, hidden: int) -> list[Tensor]:
+    """Split a micro-batch's rows ``idx`` into shares of about equal token counts, one per lane (fewer
+    when the shares would be too small to pay, :meth:`Lanes.split`): rows by decreasing response
+    length, dealt in turn."""
+    lengths = batch.response_mask[idx].sum(1)
+    n = lanes.split(idx.numel(), batch.prompt_width + int(lengths.max()) if idx.numel() else 0, hidden)
+    if n <= 1:
         return [idx]
-    order = idx[mask[idx].sum(1).argsort(descending=True, stable=True)]
-    return [order[i::lanes] for i in range(min(lanes, idx.numel()))]
+    order = idx[lengths.argsort(descending=True, stable=True)]
+    return [order[i::n] for i in range(n)]
 
 
 def _accumulate(params: list[nn.Parameter], per_lane: list[tuple | None]) -> None:
@@ -300,6 +310,7 @@ def ppo_update(
     packed = packs_sequences(ctx.policy) and (ctx.critic is None or packs_sequences(ctx.critic))
     shared_values = ctx.policy.value_head is not None and bool(has_critic)
     separate_values = ctx.policy.value_head is None and bool(has_critic)
+    hidden = getattr(getattr(ctx.policy.lm, "config", None), "hidden_size", 0) or 0
 
     for epoch in range(o.epochs):
         perm = torch.randperm(B, generator=shuffle_gen).to(batch.input_ids.device)
@@ -317,7 +328,7 @@ def ppo_update(
             for j, micro_idx in enumerate(micro_batches):
                 # On CPU the micro-batch's rows are shared among lanes (threads) that run at once, each
                 # returning its gradients; summed, they are the micro-batch's gradient.
-                shares = _lane_rows(micro_idx, batch.response_mask, ctx.lanes.lanes)
+                shares = _lane_rows(micro_idx, batch, ctx.lanes, hidden)
                 st = _Step(P, temperature, policy_loss_fn, dict(agg=a.loss_agg, denominator=denom, horizon=horizon),
                            train_policy, shared_values, separate_values,
                            want_entropy=ent_grad or epoch == 0,  # the entropy diagnostic: first epoch only
