@@ -70,10 +70,7 @@ def _reference_logp(lm, ids, mask, temperature=1.0):
 
 @pytest.mark.parametrize("arch,kv_heads", [("qwen2", 4), ("qwen2", 2), ("llama", 2)])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("explicit", [True, False], ids=["matmul-attention", "sdpa-attention"])
-def test_policy_logprobs_match_transformers(arch, kv_heads, temperature, explicit, monkeypatch):
-    if not explicit:  # long sequences take SDPA instead of the explicit score matrix
-        monkeypatch.setattr(lean, "_EXPLICIT_MAX", 0)
+def test_policy_logprobs_match_transformers(arch, kv_heads, temperature):
     lm = _model(arch, kv_heads)
     assert lean.supported(lm.model)
     ids, mask = _batch()
@@ -110,10 +107,7 @@ def test_policy_gradients_match_transformers():
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-@pytest.mark.parametrize("explicit", [True, False], ids=["matmul-attention", "sdpa-attention"])
-def test_critic_values_and_scores_match_transformers(arch, explicit, monkeypatch):
-    if not explicit:
-        monkeypatch.setattr(lean, "_EXPLICIT_MAX", 0)
+def test_critic_values_and_scores_match_transformers(arch):
     model = _model(arch, 2, kind=2)
     ids, mask = _batch()
     with torch.no_grad():
