@@ -12,11 +12,11 @@ import torch
 from torch import Tensor, nn
 
 from .. import distributed as dist
-from ..algorithms import aggregate, kl_penalty, value_loss
 from ..lanes import Lanes, resolve_lanes
 from ..models.actor_critic import CriticModel, PolicyModel, packs_sequences
 from ..rollout.batch import RolloutBatch, length_groups
 from .config import TrainConfig
+from .step import Step, accumulate, lane_rows, rows_step
 
 
 def _scheduler(name: str, opt: torch.optim.Optimizer, warmup: int, total: int):
@@ -167,122 +167,6 @@ def _micro_batches(mb_idx: Tensor, batch: RolloutBatch, size: int, *, packed: bo
     return [mb_idx[g] for g, _ in groups]
 
 
-@dataclass
-class _Step:
-    """What the update of one micro-batch (or one lane's share of it) needs besides the rows."""
-
-    P: int  # prompt width
-    temperature: float
-    policy_loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]]
-    loss_args: dict  # agg, denominator (the minibatch's global count / world), horizon
-    train_policy: bool
-    policy_values: bool  # the policy's value head gives the values (shared critic)
-    critic_values: bool  # a separate critic gives them
-    want_entropy: bool
-    own_grads: bool  # return gradients (autograd.grad) instead of accumulating into .grad
-
-
-def _backward(loss: Tensor, params: list[nn.Parameter] | None) -> tuple[bool, tuple | None]:
-    """(finite, grads): back-propagate ``loss`` into ``.grad`` (``params`` None), or return its
-    gradients w.r.t. ``params`` (None where a parameter is unused) without touching ``.grad``."""
-    ok = bool(torch.isfinite(loss))
-    if not loss.requires_grad:
-        return ok, None
-    if params is None:
-        loss.backward()
-        return ok, None
-    return ok, torch.autograd.grad(loss, params, allow_unused=True)
-
-
-def _policy_part(ctx: UpdateContext, mbat: RolloutBatch, st: _Step, to_local: float):
-    """Forward and backward of the policy's loss (clipped surrogate, KL and entropy terms; the value
-    loss too with a shared critic's head). Returns (loss finite, stats, grads or None)."""
-    a = ctx.cfg.algo
-    m = mbat.response_mask
-    ent_grad = a.entropy_coef > 0
-    denom, horizon = st.loss_args["denominator"], st.loss_args["horizon"]
-    out = ctx.policy_fwd(
-        mbat.input_ids, mbat.attention_mask, st.P, temperature=st.temperature,
-        with_entropy=st.want_entropy and st.train_policy, entropy_grad=ent_grad, with_values=st.policy_values,
-    )
-    logp = out.get("logp")
-    loss = torch.zeros((), device=m.device)
-    stats: dict[str, Tensor | float] = {}
-    if st.train_policy:
-        pl, ps = st.policy_loss_fn(logp, mbat.logp_old, mbat.advantages, m, clip_eps=a.clip_eps,
-                                   clip_eps_high=a.clip_eps_high, dual_clip=a.dual_clip, **st.loss_args)
-        loss = loss + pl
-        stats.update({"policy_loss": pl.detach() * to_local,
-                      "approx_kl": ps["approx_kl"], "approx_kl_k3": ps["approx_kl_k3"],
-                      "policy_clip_frac": ps["clip_frac"], "dual_clip_frac": ps["dual_clip_frac"],
-                      "ratio_max": ps["ratio_max"]})
-        if a.kl_in == "loss" and a.kl_coef > 0:
-            kl_loss = aggregate(kl_penalty(logp, mbat.logp_ref, a.kl_estimator), m, a.loss_agg,
-                                denominator=denom, horizon=horizon)
-            loss = loss + a.kl_coef * kl_loss
-            stats["kl_loss"] = kl_loss.detach() * to_local
-        if ent_grad:
-            loss = loss - a.entropy_coef * aggregate(out["entropy"], m, a.loss_agg, denominator=denom, horizon=horizon)
-    if "entropy" in out:
-        stats["entropy"] = out["entropy"].detach().where(m, 0).sum() / m.sum()
-    if st.policy_values:
-        vl, vs = value_loss(out["values"][:, :-1], mbat.values_old, mbat.returns, m,
-                            clip_eps=a.value_clip_eps, **st.loss_args)
-        loss = loss + a.vf_coef * vl
-        stats.update({"value_loss": vl.detach() * to_local, "value_clip_frac": vs["clip_frac"]})
-    ok, grads = _backward(loss, ctx.policy_grad_params if st.own_grads else None)
-    return ok, stats, grads
-
-
-def _critic_part(ctx: UpdateContext, mbat: RolloutBatch, st: _Step, to_local: float):
-    """Forward and backward of a separate critic's clipped value loss. Returns (finite, stats, grads)."""
-    a = ctx.cfg.algo
-    values = ctx.critic_fwd(mbat.input_ids, mbat.attention_mask, st.P)
-    vl, vs = value_loss(values[:, :-1], mbat.values_old, mbat.returns, mbat.response_mask,
-                        clip_eps=a.value_clip_eps, **st.loss_args)
-    ok, grads = _backward(a.vf_coef * vl, ctx.critic_params if st.own_grads else None)
-    return ok, {"value_loss": vl.detach() * to_local, "value_clip_frac": vs["clip_frac"]}, grads
-
-
-def _rows_step(ctx: UpdateContext, mbat: RolloutBatch, st: _Step):
-    """The policy's, then the critic's forward/backward on some rows (one after the other, so the
-    policy's activations are freed before the critic's forward). Returns (finite, stats, weight,
-    policy grads, critic grads); stats are means over these rows, ``weight`` their token (or
-    sequence) count."""
-    m = mbat.response_mask
-    n_local = float(m.sum()) if ctx.cfg.algo.loss_agg == "token-mean" else float(m.shape[0])
-    to_local = float(st.loss_args["denominator"]) / max(n_local, 1.0)  # loss (÷ denominator) → local mean
-    ok, stats, policy_grads, critic_grads = True, {}, None, None
-    if st.train_policy or st.policy_values:
-        ok, stats, policy_grads = _policy_part(ctx, mbat, st, to_local)
-    if st.critic_values:
-        ok_c, stats_c, critic_grads = _critic_part(ctx, mbat, st, to_local)
-        ok, stats = ok and ok_c, {**stats, **stats_c}
-    return ok, stats, n_local, policy_grads, critic_grads
-
-
-def _lane_rows(idx: Tensor, batch: RolloutBatch, lanes: Lanes, hidden: int) -> list[Tensor]:
-    """Split a micro-batch's rows ``idx`` into shares of about equal token counts, one per lane (fewer
-    when the shares would be too small to pay, :meth:`Lanes.split`): rows by decreasing response
-    length, dealt in turn."""
-    lengths = batch.response_mask[idx].sum(1)
-    n = lanes.split(idx.numel(), batch.prompt_width + int(lengths.max()) if idx.numel() else 0, hidden)
-    if n <= 1:
-        return [idx]
-    order = idx[lengths.argsort(descending=True, stable=True)]
-    return [order[i::n] for i in range(n)]
-
-
-def _accumulate(params: list[nn.Parameter], per_lane: list[tuple | None]) -> None:
-    """Add the lanes' gradients into ``.grad``, in lane order (deterministic sums)."""
-    for grads in per_lane:
-        if grads is None:
-            continue
-        for p, g in zip(params, grads):
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad.add_(g)
-
-
 def ppo_update(
     ctx: UpdateContext,
     batch: RolloutBatch,
@@ -328,16 +212,16 @@ def ppo_update(
             for j, micro_idx in enumerate(micro_batches):
                 # On CPU the micro-batch's rows are shared among lanes (threads) that run at once, each
                 # returning its gradients; summed, they are the micro-batch's gradient.
-                shares = _lane_rows(micro_idx, batch, ctx.lanes, hidden)
-                st = _Step(P, temperature, policy_loss_fn, dict(agg=a.loss_agg, denominator=denom, horizon=horizon),
+                shares = lane_rows(micro_idx, batch, ctx.lanes, hidden)
+                st = Step(P, temperature, policy_loss_fn, dict(agg=a.loss_agg, denominator=denom, horizon=horizon),
                            train_policy, shared_values, separate_values,
                            want_entropy=ent_grad or epoch == 0,  # the entropy diagnostic: first epoch only
                            own_grads=len(shares) > 1)
                 # Gradients are all-reduced once per minibatch, on its last micro-batch.
                 with _no_sync(ctx, skip=j < len(micro_batches) - 1):
-                    results = ctx.lanes.run([partial(_rows_step, ctx, batch.select(rows), st) for rows in shares])
-                _accumulate(ctx.policy_grad_params, [r[3] for r in results])
-                _accumulate(ctx.critic_params, [r[4] for r in results])
+                    results = ctx.lanes.run([partial(rows_step, ctx, batch.select(rows), st) for rows in shares])
+                accumulate(ctx.policy_grad_params, [r[3] for r in results])
+                accumulate(ctx.critic_params, [r[4] for r in results])
                 # A non-finite loss still ran backward, so every rank took part in the same gradient
                 # all-reduces; the whole minibatch's gradient is then discarded below.
                 loss_finite = all(r[0] for r in results)
