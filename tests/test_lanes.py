@@ -37,6 +37,10 @@ def test_run_keeps_order_splits_threads_and_restores_them():
     assert len({s[1] for s in seen}) == 2  # on two threads
     assert any(s[0] == 0 and s[1] == threading.get_ident() for s in seen)  # the first on the caller's
     assert torch.get_num_threads() == 2
+    torch.set_num_threads(4)  # changed after the lanes were built: shares follow, and it is restored
+    seen.clear()
+    lanes.run([task(0), task(1)])
+    assert {s[2] for s in seen} == {2} and torch.get_num_threads() == 4
     with pytest.raises(ValueError, match="3 tasks for 2 lanes"):
         lanes.run([task(0), task(1), task(2)])
     lanes.close()
@@ -141,7 +145,8 @@ def test_gradient_checkpointing_keeps_one_lane(tmp_path):
 
     cfg = tiny_config(tmp_path, threads=2, model__cpu_lanes=2)
     policy = builders.build_policy(cfg, builders.build_tokenizer(cfg.model))
-    policy.gradient_checkpointing_enable()
+    enable = getattr(policy, "activation_checkpointing_enable", None) or policy.gradient_checkpointing_enable
+    enable()  # (transformers 5 renamed it)
     tr = PPOTrainer(cfg, policy=policy, verifier=length_reward)
     assert tr.update_ctx.lanes.lanes == 1
     assert _trainer(tmp_path, 2).update_ctx.lanes.lanes == 2

@@ -35,12 +35,11 @@ MIN_SHARE_ELEMENTS = 1 << 17
 
 class Lanes:
     """Runs up to ``lanes`` tasks at once: the first on the caller's thread, the others on worker
-    threads, each with ``threads // lanes`` intra-op threads; ``lanes == 1`` runs them in order."""
+    threads, each with its share of the caller's intra-op threads; ``lanes == 1`` runs them in order.
+    ``threads`` (default: torch's count now) caps the number of lanes."""
 
     def __init__(self, lanes: int, threads: int | None = None):
-        threads = threads or torch.get_num_threads()
-        self.lanes = max(1, min(lanes, threads))
-        self.threads = threads
+        self.lanes = max(1, min(lanes, threads or torch.get_num_threads()))
         self._pool = None
         if self.lanes > 1:
             self._pool = ThreadPoolExecutor(self.lanes - 1, thread_name_prefix="ppo-lm-lane")
@@ -61,7 +60,8 @@ class Lanes:
             return [t() for t in tasks]
         if len(tasks) > self.lanes:
             raise ValueError(f"{len(tasks)} tasks for {self.lanes} lanes")
-        share = max(1, self.threads // len(tasks))
+        threads = torch.get_num_threads()  # the caller's, read now: it may have changed since __init__
+        share = max(1, threads // len(tasks))
 
         def on_lane(task: Callable[[], T]) -> T:
             torch.set_num_threads(share)  # this thread's OpenMP/MKL team
@@ -73,7 +73,7 @@ class Lanes:
         finally:
             for f in futures:
                 f.exception()  # waits
-            torch.set_num_threads(self.threads)
+            torch.set_num_threads(threads)
         return [first] + [f.result() for f in futures]
 
     def close(self) -> None:
