@@ -26,14 +26,15 @@ def test_w1_smoke_json(capsys):
     r = _run(capsys, "--workload", "w1", "--compare-hf-generate", "--threads", "1")
     assert KEYS | {"hf_generate_tokens_per_s", "ppo_lm_generate_tokens_per_s", "generate_speedup_vs_hf"} <= set(r)
     assert r["workload"] == "W1-tiny" and r["iterations"] == 1 and r["threads"] == 1
+    assert r["cpu_lanes"] == 1  # one thread: nothing to share
     assert r["response_length_mean"] == bench.TINY.response_len  # EOS can never be sampled in W1
     assert r["episodes_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["achieved_gflop_per_s"] > 0
     assert r["episodes_per_s"] == pytest.approx(bench.TINY.batch / r["s_per_iteration"], rel=1e-2)
 
 
 def test_w2_stops_early(capsys):
-    r = _run(capsys, "--workload", "w2", "--warmup", "0")
-    assert KEYS <= set(r)
+    r = _run(capsys, "--workload", "w2", "--warmup", "0", "--threads", "2", "--cpu-lanes", "2")
+    assert KEYS <= set(r) and r["cpu_lanes"] == 2
     assert r["response_length_mean"] < bench.TINY.response_len
 
 
