@@ -66,6 +66,39 @@ def test_a_failing_task_raises_after_the_others_finish():
         assert torch.get_num_threads() == 2
 
 
+def test_fewer_threads_than_tasks_runs_them_in_turn():
+    torch.set_num_threads(2)
+    lanes = Lanes(2)
+    torch.set_num_threads(1)
+    ident = []
+    assert lanes.run([lambda: ident.append(threading.get_ident()) or 1, lambda: ident.append(threading.get_ident()) or 2]) == [1, 2]
+    assert ident == [threading.get_ident()] * 2 and torch.get_num_threads() == 1
+
+
+def test_accumulate_sums_lanes_into_fresh_gradients():
+    """autograd may return one tensor for two parameters, or a broadcast view: ``.grad`` must own
+    its memory, or later in-place accumulation would leak into the other parameter."""
+    from ppo_lm.trainer.step import accumulate
+
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
+    shared = torch.tensor([0.0, 1.0, 2.0])
+    accumulate([a, b], [(shared, shared)])  # one lane handed the same tensor to both
+    accumulate([a, b], [(shared, None), (shared, None)])  # a second micro-batch, two lanes
+    assert a.grad.tolist() == [0.0, 3.0, 6.0] and b.grad.tolist() == [0.0, 1.0, 2.0]
+    c = torch.nn.Parameter(torch.zeros(2, 3))
+    accumulate([c], [(torch.ones(1, 3).expand(2, 3),)])  # a broadcast (stride-0) view
+    accumulate([c], [(torch.ones(2, 3),)])
+    assert c.grad.tolist() == [[2.0] * 3] * 2
+
+
+def test_merge_shares_means_and_maxima():
+    from ppo_lm.trainer.step import merge_shares
+
+    stats, weight = merge_shares([({"policy_loss": 1.0, "ratio_max": 1.5}, 1.0),
+                                  ({"policy_loss": 4.0, "ratio_max": 1.2}, 3.0)])
+    assert weight == 4.0 and stats == {"policy_loss": pytest.approx(3.25), "ratio_max": 1.5}
+
+
 def test_split_keeps_shares_big_enough(monkeypatch):
     monkeypatch.setattr(lanes_module, "MIN_SHARE_ELEMENTS", 1000)
     lanes = Lanes(2, threads=2)
@@ -118,7 +151,8 @@ def test_update_with_two_lanes_equals_one_lane(tmp_path, overrides):
     assert not all(torch.equal(w1[k], w) for k, w in _weights(_trainer(tmp_path / "init", 1, **overrides)).items())
     for k in w1:
         assert torch.allclose(w1[k], w2[k], atol=1e-5, rtol=0), k
-    for k in ("policy_loss", "value_loss", "approx_kl", "entropy", "policy_clip_frac", "grad_norm_actor"):
+    for k in ("policy_loss", "value_loss", "approx_kl", "entropy", "policy_clip_frac", "grad_norm_actor",
+              "ratio_max"):
         if k in m1:
             assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
 

@@ -20,7 +20,7 @@ under torch.distributed each thread would issue collectives in its own order (th
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 import torch
@@ -61,7 +61,9 @@ class Lanes:
         if len(tasks) > self.lanes:
             raise ValueError(f"{len(tasks)} tasks for {self.lanes} lanes")
         threads = torch.get_num_threads()  # the caller's, read now: it may have changed since __init__
-        share = max(1, threads // len(tasks))
+        if threads < len(tasks):  # fewer threads than tasks now: one after the other
+            return [t() for t in tasks]
+        share = threads // len(tasks)
 
         def on_lane(task: Callable[[], T]) -> T:
             torch.set_num_threads(share)  # this thread's OpenMP/MKL team
@@ -71,9 +73,10 @@ class Lanes:
         try:
             first = on_lane(tasks[0])
         finally:
-            for f in futures:
-                f.exception()  # waits
-            torch.set_num_threads(threads)
+            try:
+                wait(futures)  # none is left running, even when the caller's task failed
+            finally:
+                torch.set_num_threads(threads)  # even when the wait is interrupted
         return [first] + [f.result() for f in futures]
 
     def close(self) -> None:

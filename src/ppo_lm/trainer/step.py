@@ -124,11 +124,35 @@ def lane_rows(idx: Tensor, batch: RolloutBatch, lanes: Lanes, hidden: int) -> li
     return [order[i::n] for i in range(n)]
 
 
+# Statistics that are maxima over the rows (the others are means).
+MAX_STATS = ("ratio_max",)
+
+
+def merge_shares(shares: list[tuple[dict[str, Tensor | float], float]]) -> tuple[dict[str, float], float]:
+    """One micro-batch's statistics from its lanes' (stats, weight): weighted means, and the maximum
+    for :data:`MAX_STATS`, so the logged values do not depend on the number of lanes."""
+    total = sum(w for _, w in shares)
+    if len(shares) == 1:
+        return shares[0]
+    merged: dict[str, float] = {}
+    for key in shares[0][0]:
+        values = [float(s[key]) for s, _ in shares]
+        if key in MAX_STATS:
+            merged[key] = max(values)
+        else:
+            merged[key] = sum(v * w for v, (_, w) in zip(values, shares)) / total if total else values[0]
+    return merged, total
+
+
 def accumulate(params: list[nn.Parameter], per_lane: list[tuple | None]) -> None:
-    """Add the lanes' gradients into ``.grad``, in lane order (deterministic sums)."""
-    for grads in per_lane:
-        if grads is None:
+    """Add the lanes' gradients into ``.grad``, summed in lane order (deterministic). The sum is a
+    new tensor (a lone share's gradient is copied): autograd may hand the same tensor, or a
+    broadcast view, to several parameters, and ``.grad`` is accumulated into in place later."""
+    for i, p in enumerate(params):
+        parts = [grads[i] for grads in per_lane if grads is not None and grads[i] is not None]
+        if not parts:
             continue
-        for p, g in zip(params, grads):
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad.add_(g)
+        total = parts[0] + parts[1] if len(parts) > 1 else parts[0].clone(memory_format=torch.contiguous_format)
+        for g in parts[2:]:
+            total += g
+        p.grad = total if p.grad is None else p.grad.add_(total)

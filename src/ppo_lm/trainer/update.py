@@ -16,7 +16,7 @@ from ..lanes import Lanes, resolve_lanes
 from ..models.actor_critic import CriticModel, PolicyModel, packs_sequences
 from ..rollout.batch import RolloutBatch, length_groups
 from .config import TrainConfig
-from .step import Step, accumulate, lane_rows, rows_step
+from .step import Step, accumulate, lane_rows, merge_shares, rows_step
 
 
 def _scheduler(name: str, opt: torch.optim.Optimizer, warmup: int, total: int):
@@ -227,8 +227,8 @@ def ppo_update(
                 loss_finite = all(r[0] for r in results)
                 finite = finite and loss_finite
                 if loss_finite:
-                    for _, step_stats, weight, _, _ in results:
-                        stats.add(step_stats, weight)
+                    step_stats, weight = merge_shares([(r[1], r[2]) for r in results])
+                    stats.add(step_stats, weight)
             finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)) == 0)
             if not finite:
                 skipped += 1
