@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 import torch
+from torch import Tensor
 
 T = TypeVar("T")
 
@@ -51,6 +52,11 @@ class Lanes:
         while n > 1 and rows * tokens_per_row * hidden < n * MIN_SHARE_ELEMENTS:
             n -= 1
         return max(n, 1)
+
+    def shares(self, rows: Tensor, tokens_per_row: int, hidden: int) -> list[Tensor]:
+        """``rows`` (in length order) dealt in turn into :meth:`split` shares of about equal cost."""
+        n = self.split(rows.numel(), tokens_per_row, hidden)
+        return [rows[i::n] for i in range(n)]
 
     def run(self, tasks: Sequence[Callable[[], T]]) -> list[T]:
         """Results of ``tasks`` (at most ``lanes``) in order. With several lanes they run concurrently

@@ -34,6 +34,11 @@ def trunk(model: nn.Module) -> nn.Module:
     return body
 
 
+def hidden_size(model: nn.Module) -> int:
+    """The model's hidden size from its config (0 when it has none)."""
+    return int(getattr(getattr(model, "config", None), "hidden_size", 0) or 0)
+
+
 def scalar_head(model: nn.Module) -> nn.Linear:
     """The scalar output layer of a one-label classification model (``score`` or ``classifier``)."""
     for name in ("score", "classifier", "v_head"):

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from .. import distributed as dist
 from ..lanes import Lanes
 from ..models.actor_critic import CriticModel, PolicyModel
+from ..models.hf_compat import hidden_size
 from ..models.sharding import frozen_mode, gathered
 from .batch import RolloutBatch, length_groups
 from .reward import Verifier, score_with_model, score_with_verifier
@@ -115,14 +116,9 @@ def collect_rollout(
             scores[rows] = score_with_model(models.reward_model, ids, mask, last_index[rows])
 
     # On CPU each group's rows are shared among lanes (threads) that run at once.
-    hidden = getattr(getattr(models.policy.lm, "config", None), "hidden_size", 0) or 0
+    lanes = lanes or Lanes(1)
     for rows, w in groups:
-        n = lanes.split(rows.numel(), P + w, hidden) if lanes is not None else 1
-        shares = [rows[i::n] for i in range(n)]
-        if len(shares) > 1:
-            lanes.run([partial(score_rows, r, w) for r in shares])
-        else:
-            score_rows(rows, w)
+        lanes.run([partial(score_rows, r, w) for r in lanes.shares(rows, P + w, hidden_size(models.policy.lm))])
     logp_ref = logp_ref.clone()  # leave inference mode: these tensors are used next to autograd ones
 
     responses_text = _strip_special(tokenizer, gen.responses, gen.mask)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -95,11 +95,20 @@ def _critic_part(ctx: UpdateContext, mbat: RolloutBatch, st: Step, to_local: flo
     return ok, {"value_loss": vl.detach() * to_local, "value_clip_frac": vs["clip_frac"]}, grads
 
 
-def rows_step(ctx: UpdateContext, mbat: RolloutBatch, st: Step):
+class ShareResult(NamedTuple):
+    """One lane's share of a micro-batch: loss finite, stats (means over its rows), weight (its token
+    or sequence count), gradients of the policy's and the critic's parameters (None: none returned)."""
+
+    finite: bool
+    stats: dict[str, Tensor | float]
+    weight: float
+    policy_grads: tuple | None
+    critic_grads: tuple | None
+
+
+def rows_step(ctx: UpdateContext, mbat: RolloutBatch, st: Step) -> ShareResult:
     """The policy's, then the critic's forward/backward on some rows (one after the other, so the
-    policy's activations are freed before the critic's forward). Returns (finite, stats, weight,
-    policy grads, critic grads); stats are means over these rows, ``weight`` their token (or
-    sequence) count."""
+    policy's activations are freed before the critic's forward)."""
     m = mbat.response_mask
     n_local = float(m.sum()) if ctx.cfg.algo.loss_agg == "token-mean" else float(m.shape[0])
     to_local = float(st.loss_args["denominator"]) / max(n_local, 1.0)  # loss (÷ denominator) → local mean
@@ -109,19 +118,15 @@ def rows_step(ctx: UpdateContext, mbat: RolloutBatch, st: Step):
     if st.critic_values:
         ok_c, stats_c, critic_grads = _critic_part(ctx, mbat, st, to_local)
         ok, stats = ok and ok_c, {**stats, **stats_c}
-    return ok, stats, n_local, policy_grads, critic_grads
+    return ShareResult(ok, stats, n_local, policy_grads, critic_grads)
 
 
 def lane_rows(idx: Tensor, batch: RolloutBatch, lanes: Lanes, hidden: int) -> list[Tensor]:
-    """Split a micro-batch's rows ``idx`` into shares of about equal token counts, one per lane (fewer
-    when the shares would be too small to pay, :meth:`Lanes.split`): rows by decreasing response
-    length, dealt in turn."""
+    """A micro-batch's rows ``idx`` as one share per lane (fewer when shares would be too small to
+    pay, :meth:`Lanes.split`): rows by decreasing response length, dealt in turn."""
     lengths = batch.response_mask[idx].sum(1)
-    n = lanes.split(idx.numel(), batch.prompt_width + int(lengths.max()) if idx.numel() else 0, hidden)
-    if n <= 1:
-        return [idx]
     order = idx[lengths.argsort(descending=True, stable=True)]
-    return [order[i::n] for i in range(n)]
+    return lanes.shares(order, batch.prompt_width + int(lengths.max()), hidden)
 
 
 # Statistics that are maxima over the rows (the others are means).

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from .. import distributed as dist
 from ..lanes import Lanes, resolve_lanes
 from ..models.actor_critic import CriticModel, PolicyModel, packs_sequences
+from ..models.hf_compat import hidden_size
 from ..rollout.batch import RolloutBatch, length_groups
 from .config import TrainConfig
 from .step import Step, accumulate, lane_rows, merge_shares, rows_step
@@ -194,7 +195,7 @@ def ppo_update(
     packed = packs_sequences(ctx.policy) and (ctx.critic is None or packs_sequences(ctx.critic))
     shared_values = ctx.policy.value_head is not None and bool(has_critic)
     separate_values = ctx.policy.value_head is None and bool(has_critic)
-    hidden = getattr(getattr(ctx.policy.lm, "config", None), "hidden_size", 0) or 0
+    hidden = hidden_size(ctx.policy.lm)
 
     for epoch in range(o.epochs):
         perm = torch.randperm(B, generator=shuffle_gen).to(batch.input_ids.device)
@@ -220,14 +221,14 @@ def ppo_update(
                 # Gradients are all-reduced once per minibatch, on its last micro-batch.
                 with _no_sync(ctx, skip=j < len(micro_batches) - 1):
                     results = ctx.lanes.run([partial(rows_step, ctx, batch.select(rows), st) for rows in shares])
-                accumulate(ctx.policy_grad_params, [r[3] for r in results])
-                accumulate(ctx.critic_params, [r[4] for r in results])
+                accumulate(ctx.policy_grad_params, [r.policy_grads for r in results])
+                accumulate(ctx.critic_params, [r.critic_grads for r in results])
                 # A non-finite loss still ran backward, so every rank took part in the same gradient
                 # all-reduces; the whole minibatch's gradient is then discarded below.
-                loss_finite = all(r[0] for r in results)
+                loss_finite = all(r.finite for r in results)
                 finite = finite and loss_finite
                 if loss_finite:
-                    step_stats, weight = merge_shares([(r[1], r[2]) for r in results])
+                    step_stats, weight = merge_shares([(r.stats, r.weight) for r in results])
                     stats.add(step_stats, weight)
             finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)) == 0)
             if not finite:
