@@ -38,6 +38,12 @@ def test_w2_stops_early(capsys):
     assert r["response_length_mean"] < bench.TINY.response_len
 
 
+def test_bad_cpu_lanes_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--tiny", "--cpu-lanes", "0"])
+    assert e.value.code == 2 and "--cpu-lanes" in capsys.readouterr().err
+
+
 def test_bad_device_is_refused_before_building_anything(capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", "--tiny", "--device", "tpu"])

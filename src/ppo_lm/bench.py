@@ -296,12 +296,14 @@ def cmd_bench(argv: list[str]) -> int:
     ap.add_argument("--logp-from-sampler", action="store_true",
                     help="rollout.logp_from_sampler: logp_old from the decode logits (no policy scoring forward)")
     ap.add_argument("--cpu-lanes", type=int, default=None,
-                    help="model.cpu_lanes (default: the config's): independent models side by side on CPU")
+                    help="model.cpu_lanes (default: the config's, 2): threads that each update/score a share of the rows")
     ap.add_argument("--device", default="cpu", help="cpu (W1's definition) or cuda / cuda:N")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests only
     args = ap.parse_args(argv)
     if args.iterations < 1 or args.warmup < 0:
         ap.error("--iterations must be >= 1 and --warmup >= 0")
+    if args.cpu_lanes is not None and args.cpu_lanes < 1:
+        ap.error("--cpu-lanes must be >= 1")
     from .trainer.builders import resolve_device
     from .trainer.config_io import ConfigError
 
