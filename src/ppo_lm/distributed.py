@@ -50,6 +50,11 @@ def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
     if not is_initialized():
         return t
     out = t.detach().clone()  # a new tensor: the input is left untouched
+    if out.device.type == "cpu" and dist.get_backend() == "nccl":
+        # Counts and flags are built on the CPU; NCCL reduces only CUDA tensors.
+        on_gpu = out.to(torch.device("cuda", torch.cuda.current_device()))
+        dist.all_reduce(on_gpu, op=op)
+        return on_gpu.cpu()
     dist.all_reduce(out, op=op)
     return out
 
