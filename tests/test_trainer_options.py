@@ -113,3 +113,22 @@ def test_logp_from_sampler_skips_the_policy_scoring_forward(tmp_path, monkeypatc
     assert float((batch.logp_old - ref).abs()[batch.response_mask].max()) < 1e-5
     metrics = tr.learn(batch, 1)
     assert abs(metrics["ratio_max"] - 1) < 1e-4
+
+
+def test_ratio_max_is_the_maximum_over_the_whole_update(tmp_path):
+    """``ratio_max`` is the largest ratio seen in any micro-batch of any minibatch and epoch, not a
+    mean of their maxima (reference: every loss call's own masked max of exp(logp − logp_old))."""
+    cfg = tiny_config(tmp_path, iterations=1, optim__epochs=3, optim__num_minibatches=2, optim__micro_batch_size=2,
+                      rollout__num_prompts=8, rollout__max_new_tokens=6, optim__lr=3e-3)
+    tr = PPOTrainer(cfg, verifier=length_reward)
+    seen = []
+    real = tr.policy_loss_fn
+
+    def recording(logp, logp_old, advantages, mask, **kw):
+        seen.append(float(torch.exp(logp.detach() - logp_old)[mask.bool()].max()))
+        return real(logp, logp_old, advantages, mask, **kw)
+
+    tr.policy_loss_fn = recording
+    metrics = tr.learn(tr.rollout(1), 1)
+    assert len(seen) >= 6 and max(seen) - min(seen) > 1e-3, "the maxima must differ for the test to mean anything"
+    assert metrics["ratio_max"] == pytest.approx(max(seen), abs=1e-6)

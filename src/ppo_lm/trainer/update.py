@@ -17,7 +17,7 @@ from ..models.actor_critic import CriticModel, PolicyModel, packs_sequences
 from ..models.hf_compat import hidden_size
 from ..rollout.batch import RolloutBatch, length_groups
 from .config import TrainConfig
-from .step import Step, accumulate, lane_rows, merge_shares, rows_step
+from .step import MAX_STATS, Step, accumulate, lane_rows, merge_shares, rows_step
 
 
 def _scheduler(name: str, opt: torch.optim.Optimizer, warmup: int, total: int):
@@ -109,24 +109,33 @@ class UpdateContext:
         )
 
 
-class _Mean:
-    """Token-weighted running means of stats, reduced over ranks at the end."""
+class _Stats:
+    """The update's statistics over all its micro-batches, minibatches, epochs and ranks: token-weighted
+    means, except :data:`MAX_STATS` (``ratio_max``), whose value is the maximum over all of them."""
 
     def __init__(self):
         self.sums: dict[str, float] = {}
         self.weights: dict[str, float] = {}
+        self.maxima: dict[str, float] = {}
 
     def add(self, stats: dict[str, Tensor | float], weight: float) -> None:
         for k, v in stats.items():
+            if k in MAX_STATS:
+                self.maxima[k] = max(self.maxima.get(k, -math.inf), float(v))
+                continue
             self.sums[k] = self.sums.get(k, 0.0) + float(v) * weight
             self.weights[k] = self.weights.get(k, 0.0) + weight
 
     def result(self) -> dict[str, float]:
+        out: dict[str, float] = {}
         keys = sorted(self.sums)
-        if not keys:
-            return {}
-        t = dist.all_reduce_sum(torch.tensor([[self.sums[k], self.weights[k]] for k in keys], dtype=torch.float64))
-        return {k: float(s / w) if w else float("nan") for k, (s, w) in zip(keys, t.tolist())}
+        if keys:
+            t = dist.all_reduce_sum(torch.tensor([[self.sums[k], self.weights[k]] for k in keys], dtype=torch.float64))
+            out.update({k: float(s / w) if w else float("nan") for k, (s, w) in zip(keys, t.tolist())})
+        # Every rank reduces the same keys (a rank whose losses were all non-finite has none of its own).
+        t = dist.all_reduce_max(torch.tensor([self.maxima.get(k, -math.inf) for k in MAX_STATS], dtype=torch.float64))
+        out.update({k: v for k, v in zip(MAX_STATS, t.tolist()) if v > -math.inf})
+        return out
 
 
 def _no_sync(ctx: UpdateContext, *, skip: bool):
@@ -180,7 +189,7 @@ def ppo_update(
 
     Each minibatch's loss is normalised by its token (or sequence) count over all micro-batches and
     ranks, so accumulation and data parallelism give exactly the full-minibatch gradient.
-    Returns mean stats over all minibatches plus ``nonfinite_skipped`` (updates skipped).
+    Returns the stats over all minibatches (means; ``ratio_max`` the maximum) plus ``nonfinite_skipped`` (updates skipped).
     """
     cfg, a, o = ctx.cfg, ctx.cfg.algo, ctx.cfg.optim
     world = dist.world_size()
@@ -190,7 +199,7 @@ def ppo_update(
     temperature = cfg.rollout.temperature or 1.0
     has_critic = batch.values_old is not None and ctx.critic_params
     ent_grad = a.entropy_coef > 0
-    stats, skipped = _Mean(), 0
+    stats, skipped = _Stats(), 0
     P = batch.prompt_width
     packed = packs_sequences(ctx.policy) and (ctx.critic is None or packs_sequences(ctx.critic))
     shared_values = ctx.policy.value_head is not None and bool(has_critic)
