@@ -7,8 +7,8 @@ back-to-back pairs so host drift cancels in each pair's ratio.
 Each pair runs TRL, then ``ppo-lm bench`` once per ``--variant`` (extra bench flags; default: none).
 
 Before each run it waits until the CPUs have been > 90 % idle for 8 s (other jobs share the machine)
-and it reports the share of CPU time other processes used during the run. Prints one JSON line per
-run and a summary with the median episodes/s ratio and the peak-RSS ratio.
+and it reports the share of CPU time other processes (and the hypervisor) used during the run.
+Prints one JSON line per run and a summary with the median episodes/s ratio and the peak-RSS ratio.
 """
 
 from __future__ import annotations
@@ -22,43 +22,40 @@ import sys
 import time
 from pathlib import Path
 
+from ppo_lm.bench import host_cpu, host_load
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _cpu_times() -> tuple[int, int]:
-    """(busy, total) jiffies over all CPUs since boot."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
 
 
 def wait_until_idle(seconds: float = 8.0, max_busy: float = 0.10, give_up_s: float = 300.0) -> None:
     start = time.time()
     while time.time() - start < give_up_s:
-        b0, t0 = _cpu_times()
+        c0 = host_cpu()
         time.sleep(seconds)
-        b1, t1 = _cpu_times()
-        if (b1 - b0) / max(t1 - t0, 1) <= max_busy:
+        c1 = host_cpu()
+        if c0 is None or c1 is None:
+            return  # no counters (not Linux): nothing to wait for
+        used = (c1.busy + c1.steal) - (c0.busy + c0.steal)
+        if used / max(c1.total - c0.total, 1) <= max_busy:
             return
     print("warning: the machine never became idle; measuring anyway", file=sys.stderr)
 
 
 def run(cmd: list[str], env: dict) -> dict:
-    """Run one benchmark; returns its JSON line plus ``other_cpu_share`` (CPU time used by other
-    processes during the run, as a share of the machine's CPU time)."""
+    """Run one benchmark; returns its JSON line plus ``run_other_cpu_share`` and ``run_steal_share``
+    (CPU time other processes and the hypervisor took during the whole run, build included, as
+    shares of the machine's CPU time; ``ppo-lm bench`` also reports its own over the timed
+    iterations)."""
     wait_until_idle()
-    b0, t0 = _cpu_times()
-    own0 = os.times()
+    c0, own0 = host_cpu(), os.times()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    own1 = os.times()
-    b1, t1 = _cpu_times()
+    own1, c1 = os.times(), host_cpu()
     if proc.returncode:
         raise SystemExit(f"{cmd[0]} failed:\n{proc.stderr[-3000:]}")
     line = [x for x in proc.stdout.splitlines() if x.startswith("{")][-1]
     result = json.loads(line)
-    hz = os.sysconf("SC_CLK_TCK")
-    own = (own1.children_user - own0.children_user + own1.children_system - own0.children_system) * hz
-    result["other_cpu_share"] = round(max(b1 - b0 - own, 0) / max(t1 - t0, 1), 3)
+    own_s = own1.children_user - own0.children_user + own1.children_system - own0.children_system
+    result.update({f"run_{k}": v for k, v in host_load(c0, c1, own_s).items()})
     print(json.dumps(result), flush=True)
     return result
 

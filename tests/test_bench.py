@@ -4,6 +4,8 @@ and the workload settings that make W1 equal work with the TRL peer."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +14,7 @@ from ppo_lm.cli import main
 
 KEYS = {"episodes_per_s", "peak_rss_mb", "s_per_iteration", "generate_s", "score_s", "advantage_s", "update_s",
         "rollout_tokens_per_s", "update_tokens_per_s", "achieved_gflop_per_s", "gflop_per_iteration",
-        "response_length_mean"}
+        "response_length_mean"} | ({"other_cpu_share", "steal_share"} if Path("/proc/stat").exists() else set())
 
 
 def _run(capsys, *args) -> dict:
@@ -79,3 +81,22 @@ def test_flop_count_of_w1():
     assert policy == pytest.approx(96 * 2 * 4 * (4 * 256**2 + 3 * 256 * 1024) + 4 * 4 * 256 * 96 * 97 / 2
                                    + 64 * 2 * 256 * 512)
     assert f["update"] == pytest.approx(64 * 4 * 3 * (policy + critic))  # backward = 2 × forward
+
+
+def test_host_load_shares():
+    """Other processes' share = machine busy time minus our own, over the machine's total; steal apart."""
+    hz = os.sysconf("SC_CLK_TCK")
+    before = bench.HostCPU(busy=1000, steal=50, total=10_000)
+    after = bench.HostCPU(busy=1000 + 3 * hz, steal=50 + hz // 2, total=10_000 + 20 * hz)
+    load = bench.host_load(before, after, own_s=2.0)  # we used 2 of the 3 busy CPU seconds
+    assert load == {"other_cpu_share": pytest.approx(1 / 20, abs=1e-3), "steal_share": pytest.approx(0.025, abs=1e-3)}
+    # our own time can exceed the machine's busy ticks by rounding: never a negative share
+    assert bench.host_load(before, after, own_s=4.0)["other_cpu_share"] == 0
+    assert bench.host_load(None, after, 1.0) == {} and bench.host_load(after, after, 1.0) == {}
+
+
+def test_host_cpu_counters_add_up():
+    c = bench.host_cpu()
+    assert (c is not None) == Path("/proc/stat").exists()
+    if c is not None:
+        assert 0 <= c.busy and 0 <= c.steal and c.busy + c.steal <= c.total

@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -165,6 +166,46 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class HostCPU(NamedTuple):
+    """CPU time of the whole machine since boot, in clock ticks (``/proc/stat``): ``busy`` (user,
+    nice, system, irq, softirq: any process's work), ``steal`` (taken by the hypervisor), ``total``."""
+
+    busy: int
+    steal: int
+    total: int
+
+
+def host_cpu() -> HostCPU | None:
+    """The machine's CPU counters now; None where there is no ``/proc/stat`` (not Linux)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    fields += [0] * (8 - len(fields))  # old kernels lack irq/softirq/steal
+    # guest time (fields 9-10) is already inside user/nice, so only the first eight add up.
+    idle, steal = fields[3] + fields[4], fields[7]
+    return HostCPU(busy=sum(fields) - idle - steal, steal=steal, total=sum(fields))
+
+
+def own_cpu_s() -> float:
+    """CPU seconds (user + system, all threads) this process has used."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def host_load(before: HostCPU | None, after: HostCPU | None, own_s: float) -> dict[str, float]:
+    """What else used the machine between two :func:`host_cpu` readings while this process used
+    ``own_s`` CPU seconds: ``other_cpu_share`` (other processes' CPU time) and ``steal_share`` (the
+    hypervisor's), each as a share of the machine's CPU time. A benchmark is only as good as these
+    are small; empty where the counters are unavailable."""
+    if before is None or after is None or after.total <= before.total:
+        return {}
+    total = after.total - before.total
+    own = own_s * os.sysconf("SC_CLK_TCK")
+    return {"other_cpu_share": round(max(after.busy - before.busy - own, 0.0) / total, 3),
+            "steal_share": round((after.steal - before.steal) / total, 3)}
+
+
 def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float]:
     """Tokens/s of ``transformers`` ``model.generate`` vs ppo-lm's ``rollout.sampling.generate`` on the
     workload's policy and prompt batch (B × P prompts, exactly R sampled tokens, temperature 1)."""
@@ -236,9 +277,12 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         build_s = time.perf_counter() - t_build
         history, flops = [], []
         for it in range(1, warmup + iterations + 1):
+            if it == warmup + 1:  # the machine's load over the timed iterations only
+                cpu0, own0 = host_cpu(), own_cpu_s()
             history.append(trainer.train_iteration(it))
             lengths = trainer._last_batch.response_mask.sum(1).tolist()
             flops.append(iteration_flops(shape, lengths, cfg.optim.epochs))
+        load = host_load(cpu0, host_cpu(), own_cpu_s() - own0)
         rss_mb = peak_rss_mb()  # the trainer's peak, before the optional generate comparison
         extra = compare_generate(trainer, shape) if compare_hf_generate else {}
 
@@ -265,7 +309,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         "build_s": round(build_s, 3),
         "compile_kernels": kernels.compiled(), "logp_from_sampler": logp_from_sampler,
         "cpu_lanes": trainer.update_ctx.lanes.lanes,
-        "peak_rss_mb": round(rss_mb),
+        "peak_rss_mb": round(rss_mb), **load,
         "device": device, "torch": torch.__version__,
         **({"gpu_peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20)} if device.startswith("cuda") else {}), "nproc": os.cpu_count(), "machine": platform.machine(),
     }
