@@ -254,3 +254,20 @@ def test_train_reward_model_without_normalization_and_split(tok):
     assert metrics["reward_mean"] is None and not hasattr(rm.config, MEAN_KEY)
     with pytest.raises(ValueError, match="rejected"):
         train_reward_model(rm, tok, [{"prompt": "p", "chosen": "a"}], RMConfig(max_steps=1))
+
+
+def test_optimizer_step_refuses_a_nonfinite_gradient_before_stepping():
+    from ppo_lm.stages._common import optimizer_step
+
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    out = model(torch.ones(1, 3)).sum()
+    loss = out * 0 + (out * 0).abs().sqrt()  # value 0, gradient 0 · sqrt'(0) = NaN
+    with pytest.raises(FloatingPointError, match="SFT gradient norm became nan at step 7"):
+        optimizer_step(model, opt, sched, loss, 1.0, what="SFT", step=7)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    # without clipping the norm is still computed and returned (and checked)
+    norm = optimizer_step(model, opt, sched, model(torch.ones(1, 3)).sum(), None, what="SFT", step=8)
+    assert norm == pytest.approx(2.0)  # d/dw of w·1 + b: three ones and a one → √4

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from trainer_helpers import count_sevens, tiny_config
+from trainer_helpers import count_sevens, length_reward, tiny_config
 
 from ppo_lm.cli import main
 from ppo_lm.rollout.reward import RewardError
@@ -158,6 +158,55 @@ def test_bad_reward_function_stops_with_prompt(tmp_path, verifier, match):
 def test_unknown_reward_spec(tmp_path):
     with pytest.raises(ConfigError, match="model.reward"):
         PPOTrainer(tiny_config(tmp_path, model__reward="no_such_module_xyz:fn"))
+
+
+def test_nonfinite_gradient_of_a_finite_loss_is_skipped(tmp_path):
+    """A finite loss whose gradient is NaN (here sqrt'(0) · 0) must not reach the weights: the minibatch
+    is skipped like a non-finite loss, and it leaves no statistics behind."""
+    import torch
+
+    tr = PPOTrainer(tiny_config(tmp_path, iterations=1, optim__epochs=2, optim__num_minibatches=2,
+                                optim__max_nonfinite_in_row=100), verifier=count_sevens)
+    real = tr.policy_loss_fn
+
+    def nan_gradient(logp, *a, **k):
+        loss, stats = real(logp, *a, **k)
+        return loss + (logp.sum() * 0).abs().sqrt(), stats
+
+    tr.policy_loss_fn = nan_gradient
+    before = [p.detach().clone() for p in tr.policy.lm.parameters()]
+    metrics = tr.learn(tr.rollout(1), 1)
+    assert metrics["nonfinite_skipped_total"] == 4  # 2 epochs × 2 minibatches
+    after = list(tr.policy.lm.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert "policy_loss" not in metrics and "grad_norm_actor" not in metrics
+
+
+def test_statistics_leave_out_a_skipped_minibatch(tmp_path):
+    """A minibatch whose second micro-batch has a NaN loss is skipped whole: its first micro-batch's
+    statistics are not in the update's. The first minibatch changed nothing, so the second runs at
+    ratio 1 where the clipped loss is −A: reference = −(token mean of the kept calls' advantages)."""
+    tr = PPOTrainer(tiny_config(tmp_path, iterations=1, optim__epochs=1, optim__num_minibatches=2,
+                                optim__micro_batch_size=2, rollout__num_prompts=8, optim__max_nonfinite_in_row=100),
+                    verifier=length_reward)
+    real = tr.policy_loss_fn
+    calls = []
+
+    def nan_on_second_call(logp, logp_old, advantages, mask, **k):
+        loss, stats = real(logp, logp_old, advantages, mask, **k)
+        m = mask.bool()
+        calls.append((float(-advantages[m].sum()), int(m.sum())))
+        return (loss * float("nan") if len(calls) == 2 else loss), stats
+
+    tr.policy_loss_fn = nan_on_second_call
+    metrics = tr.learn(tr.rollout(1), 1)
+    assert len(calls) == 4 and metrics["nonfinite_skipped_total"] == 1
+
+    def mean(rows):
+        return sum(s for s, _ in rows) / sum(n for _, n in rows)
+
+    assert metrics["policy_loss"] == pytest.approx(mean(calls[2:]), rel=1e-4, abs=1e-6)
+    assert abs(mean(calls[2:]) - mean([calls[0]] + calls[2:])) > 1e-3, "the skipped call must matter"
 
 
 def test_nonfinite_loss_is_skipped_then_stops(tmp_path):

@@ -73,20 +73,22 @@ def make_scheduler(opt: torch.optim.Optimizer, schedule: str, warmup_steps: int,
 def optimizer_step(
     model, opt, sched, loss: torch.Tensor, max_grad_norm: float | None, *, what: str, step: int
 ) -> float:
-    """One optimiser step on ``loss``; returns the pre-clip gradient norm (nan when not clipping).
+    """One optimiser step on ``loss``; returns the pre-clip gradient norm.
 
     Refuses a non-finite loss (``FloatingPointError`` naming ``what`` and ``step``) before touching the
-    gradients, then zero_grad → backward → clip to ``max_grad_norm`` (skipped when falsy) → step → sched.
+    gradients, then zero_grad → backward → clip to ``max_grad_norm`` (no clipping when falsy) → step →
+    sched. A finite loss whose gradient is not finite is refused the same way, before the step, so the
+    weights (and what gets saved) never hold NaN/inf.
     """
     if not math.isfinite(loss.item()):
         raise FloatingPointError(f"{what} loss became {float(loss)} at step {step}; lower the lr")
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    grad_norm = (
-        float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
-        if max_grad_norm
-        else float("nan")
-    )
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or math.inf))
+    if not math.isfinite(grad_norm):
+        opt.zero_grad(set_to_none=True)
+        raise FloatingPointError(f"{what} gradient norm became {grad_norm} at step {step} (finite loss "
+                                 f"{float(loss):.4g}); lower the lr")
     opt.step()
     sched.step()
     return grad_norm

@@ -139,7 +139,8 @@ class OptimConfig:
     critic_warmup_iterations: int = 0
     """The first N iterations train only the critic (policy frozen)."""
     max_nonfinite_in_row: int = 3
-    """Stop after this many consecutive updates with a non-finite loss (each one is skipped)."""
+    """Stop after this many consecutive minibatch updates with a non-finite loss or gradient norm (each one
+    is skipped: no optimiser step, no statistics)."""
 
 
 @dataclass

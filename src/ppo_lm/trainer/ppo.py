@@ -41,7 +41,7 @@ from .update import UpdateContext, ppo_update
 
 
 class NonFiniteLossError(RuntimeError):
-    """Too many consecutive updates had a non-finite loss."""
+    """Too many consecutive updates had a non-finite loss or gradient."""
 
 
 class PPOTrainer:
@@ -204,7 +204,7 @@ class PPOTrainer:
         self.state.nonfinite_total += int(upd["nonfinite_skipped"])
         if self.state.nonfinite_in_row >= cfg.optim.max_nonfinite_in_row:
             raise NonFiniteLossError(
-                f"{self.state.nonfinite_in_row} consecutive updates had a non-finite loss (iteration {iteration}); "
+                f"{self.state.nonfinite_in_row} consecutive updates had a non-finite loss or gradient (iteration {iteration}); "
                 "lower the learning rates or check the reward scale"
             )
 

@@ -189,7 +189,7 @@ def ppo_update(
 
     Each minibatch's loss is normalised by its token (or sequence) count over all micro-batches and
     ranks, so accumulation and data parallelism give exactly the full-minibatch gradient.
-    Returns the stats over all minibatches (means; ``ratio_max`` the maximum) plus ``nonfinite_skipped`` (updates skipped).
+    Returns the stats over all minibatches (means; ``ratio_max`` the maximum) plus ``nonfinite_skipped`` (minibatch updates skipped: a non-finite loss or gradient norm).
     """
     cfg, a, o = ctx.cfg, ctx.cfg.algo, ctx.cfg.optim
     world = dist.world_size()
@@ -217,7 +217,7 @@ def ppo_update(
                 count = dist.all_reduce_sum(torch.tensor(float(mb_idx.numel()), dtype=torch.float64))
             # DDP averages gradients over ranks, so each rank divides by count/world.
             denom = count / world
-            finite = True
+            finite, mb_stats = True, []
             micro_batches = _micro_batches(mb_idx, batch, o.micro_batch_size, packed=packed)
             for j, micro_idx in enumerate(micro_batches):
                 # On CPU the micro-batch's rows are shared among lanes (threads) that run at once, each
@@ -236,28 +236,33 @@ def ppo_update(
                 # all-reduces; the whole minibatch's gradient is then discarded below.
                 loss_finite = all(r.finite for r in results)
                 finite = finite and loss_finite
-                if loss_finite:
-                    step_stats, weight = merge_shares([(r.stats, r.weight) for r in results])
-                    stats.add(step_stats, weight)
+                mb_stats.append(merge_shares([(r.stats, r.weight) for r in results]))
             finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)) == 0)
-            if not finite:
-                skipped += 1
-                ctx.actor_opt.zero_grad(set_to_none=True)
-                if ctx.critic_opt:
-                    ctx.critic_opt.zero_grad(set_to_none=True)
-                continue
-            grads = {}
-            if train_policy:
-                grads["grad_norm_actor"] = _grad_norm_and_clip(ctx.actor_params, o.max_grad_norm)
-                ctx.actor_opt.step()
-            if ctx.critic_opt is not None and has_critic:
-                grads["grad_norm_critic"] = _grad_norm_and_clip(ctx.critic_params, o.max_grad_norm)
-                ctx.critic_opt.step()
+            norms = {}
+            if finite:
+                # The norms are of the all-reduced gradients, so every rank sees the same ones. A finite
+                # loss can still have a non-finite gradient; clipping would spread it to every weight.
+                if train_policy:
+                    norms["grad_norm_actor"] = _grad_norm_and_clip(ctx.actor_params, o.max_grad_norm)
+                if ctx.critic_opt is not None and has_critic:
+                    norms["grad_norm_critic"] = _grad_norm_and_clip(ctx.critic_params, o.max_grad_norm)
+                finite = math.isfinite(sum(norms.values()))
+            if finite:
+                if train_policy:
+                    ctx.actor_opt.step()
+                if "grad_norm_critic" in norms:
+                    ctx.critic_opt.step()
             ctx.actor_opt.zero_grad(set_to_none=True)
             if ctx.critic_opt:
                 ctx.critic_opt.zero_grad(set_to_none=True)
-            if math.isfinite(sum(grads.values())):
-                stats.add(grads, 1.0)
+            if not finite:
+                # A skipped minibatch leaves no statistics (it changed nothing); the decision is the same
+                # on every rank, so are the keys of the statistics the ranks reduce at the end.
+                skipped += 1
+                continue
+            for step_stats, weight in mb_stats:
+                stats.add(step_stats, weight)
+            stats.add(norms, 1.0)
             # Each schedule counts its own optimiser's steps (the actor's skip the critic warm-up).
             if train_policy:
                 ctx.actor_sched.step()
