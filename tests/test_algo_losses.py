@@ -208,7 +208,7 @@ def test_policy_loss_matches_reference(eps_low, eps_high, dual, mode):
     d = (logp.detach() - logp_old).tolist()
     assert close(stats["approx_kl"], ref_token_mean([[0.5 * v * v for v in row] for row in d], mask))
     assert close(
-        stats["approx_kl_k3"], ref_token_mean([[math.exp(-v) - 1 + v for v in row] for row in d], mask)
+        stats["approx_kl_k3"], ref_token_mean([[math.exp(v) - 1 - v for v in row] for row in d], mask)
     )
     assert close(stats["ratio_mean"], ref_token_mean([[math.exp(v) for v in row] for row in d], mask))
     ratios = [math.exp(d[i][t]) for i in range(len(d)) for t in range(len(d[0])) if m[i, t]]
@@ -682,3 +682,20 @@ def test_policy_loss_property(B, T, seed, eps, eps_high, dual):
     unclipped = ref_token_mean((-adv * d.exp()).tolist(), mask)
     if dual is None:
         assert loss.item() >= unclipped - 1e-9
+
+
+def test_approx_kl_k3_estimates_kl_old_new_from_old_samples():
+    """Tokens are drawn from π_old, so k3 must average to KL(π_old ‖ π_θ) (and k2 approximately so);
+    the mirrored (e^{−d} − 1) + d would estimate neither."""
+    g = torch.Generator().manual_seed(0)
+    # π_θ has moved its mass off π_old's favourite token: here the mirrored form averages 1.30, KL is 0.57
+    lp_old = torch.tensor([2.0, 0, 0, 0, 0, 0, 0, 0], dtype=F64).log_softmax(-1)
+    lp_new = torch.tensor([0.0, 1, 0, 0, 0, 0, 0, 0], dtype=F64).log_softmax(-1)
+    exact = float((lp_old.exp() * (lp_old - lp_new)).sum())
+    tokens = torch.multinomial(lp_old.exp(), 200_000, replacement=True, generator=g).view(400, 500)
+    logp, logp_old = lp_new[tokens], lp_old[tokens]
+    mask = torch.ones_like(logp, dtype=torch.bool)
+    _, stats = policy_loss(logp, logp_old, torch.zeros_like(logp), mask)
+    assert abs(float(stats["approx_kl_k3"]) - exact) < 0.01 * exact
+    _, stats_pg = pg_loss(logp, logp_old, torch.zeros_like(logp), mask)
+    assert float(stats_pg["approx_kl_k3"]) == pytest.approx(float(stats["approx_kl_k3"]))

@@ -113,13 +113,24 @@ def policy_loss(
         stats["dual_clip_frac"] = _token_mean(dual_active.to(logp.dtype), m)
     else:
         stats["dual_clip_frac"] = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    d = log_ratio.detach()
-    stats["approx_kl"] = _token_mean(0.5 * d.square(), m)
-    stats["approx_kl_k3"] = _token_mean(torch.expm1(-d) + d, m)
-    stats["ratio_mean"] = _token_mean(ratio.detach(), m)
-    stats["ratio_max"] = ratio.detach().where(m, float("-inf")).max().clamp_min(0)
+    stats.update(_ratio_stats(log_ratio, m))
     loss = aggregate(losses, m, agg, denominator=denominator, horizon=horizon)
     return loss, stats
+
+
+def _ratio_stats(log_ratio: Tensor, m: Tensor) -> dict[str, Tensor]:
+    """How far π_θ has moved from π_old on the sampled tokens, d = logp − logp_old (B, T), 0 on padding:
+    ``approx_kl`` ½d² (k2) and ``approx_kl_k3`` (e^d − 1) − d (k3), both estimates of KL(π_old ‖ π_θ)
+    from tokens drawn from π_old — k3 unbiased and ≥ 0 (Schulman 2020, with r = π_θ/π_old = e^d) —
+    and ``ratio_mean``, ``ratio_max`` (0-dim)."""
+    d = log_ratio.detach()
+    ratio = d.exp()
+    return {
+        "approx_kl": _token_mean(0.5 * d.square(), m),
+        "approx_kl_k3": _token_mean(torch.expm1(d) - d, m),
+        "ratio_mean": _token_mean(ratio, m),
+        "ratio_max": ratio.where(m, float("-inf")).max().clamp_min(0),
+    }
 
 
 def pg_loss(
@@ -142,16 +153,8 @@ def pg_loss(
     log_ratio = (logp - logp_old.detach()).where(m, 0)
     ratio = log_ratio.exp()
     losses = -advantages.detach().where(m, 0) * ratio
-    d = log_ratio.detach()
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    stats = {
-        "clip_frac": zero,
-        "dual_clip_frac": zero,
-        "approx_kl": _token_mean(0.5 * d.square(), m),
-        "approx_kl_k3": _token_mean(torch.expm1(-d) + d, m),
-        "ratio_mean": _token_mean(ratio.detach(), m),
-        "ratio_max": ratio.detach().where(m, float("-inf")).max().clamp_min(0),
-    }
+    stats = {"clip_frac": zero, "dual_clip_frac": zero, **_ratio_stats(log_ratio, m)}
     return aggregate(losses, m, agg, denominator=denominator, horizon=horizon), stats
 
 
