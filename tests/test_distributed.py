@@ -57,7 +57,8 @@ def test_two_ranks_match_one_process(tmp_path, critic, mode):
     assert single.keys() == dp["weights"].keys()
     for k in single:
         assert torch.allclose(single[k], dp["weights"][k], atol=1e-5, rtol=0), k
-    for k in ("policy_loss", "value_loss", "approx_kl", "entropy", "score", "ref_kl", "advantage_std", "ratio_max"):
+    for k in ("policy_loss", "value_loss", "approx_kl", "entropy", "score", "ref_kl", "advantage_std", "ratio_max",
+              "explained_variance", "value_mean", "return_mean", "policy_clip_frac", "approx_kl_k3"):
         if k in single_metrics:
             assert abs(single_metrics[k] - dp["metrics"][k]) < 1e-4, k
 

@@ -94,9 +94,11 @@ def test_accumulate_sums_lanes_into_fresh_gradients():
 def test_merge_shares_means_and_maxima():
     from ppo_lm.trainer.step import merge_shares
 
-    stats, weight = merge_shares([({"policy_loss": 1.0, "ratio_max": 1.5}, 1.0),
-                                  ({"policy_loss": 4.0, "ratio_max": 1.2}, 3.0)])
-    assert weight == 4.0 and stats == {"policy_loss": pytest.approx(3.25), "ratio_max": 1.5}
+    # losses count by their units (here sequences: 1 and 3), other statistics by tokens (10 and 10)
+    stats, weight, tokens = merge_shares([({"policy_loss": 1.0, "ratio_max": 1.5, "approx_kl": 0.1}, 1.0, 10.0),
+                                          ({"policy_loss": 4.0, "ratio_max": 1.2, "approx_kl": 0.3}, 3.0, 10.0)])
+    assert (weight, tokens) == (4.0, 20.0)
+    assert stats == {"policy_loss": pytest.approx(3.25), "ratio_max": 1.5, "approx_kl": pytest.approx(0.2)}
 
 
 def test_split_keeps_shares_big_enough(monkeypatch):

@@ -132,3 +132,83 @@ def test_ratio_max_is_the_maximum_over_the_whole_update(tmp_path):
     metrics = tr.learn(tr.rollout(1), 1)
     assert len(seen) >= 6 and max(seen) - min(seen) > 1e-3, "the maxima must differ for the test to mean anything"
     assert metrics["ratio_max"] == pytest.approx(max(seen), abs=1e-6)
+
+
+def _policy_weights(tr):
+    return [p.detach().clone() for p in tr.policy.lm.parameters()]
+
+
+def test_kl_loss_uses_the_controllers_beta(tmp_path):
+    """With the KL as a loss term, an adaptive β must reach the loss: a trainer whose controller holds
+    β = 0.5 updates exactly like one configured with a fixed β = 0.5 (and unlike β = 0.05)."""
+    def run(kl_coef, forced_beta=None):
+        cfg = tiny_config(tmp_path / f"{kl_coef}-{forced_beta}", iterations=1, algo__kl_in="loss",
+                          algo__kl_coef=kl_coef, algo__kl_estimator="k3", optim__epochs=2, optim__num_minibatches=1)
+        tr = PPOTrainer(cfg, verifier=length_reward)
+        batch = tr.rollout(1)
+        torch.manual_seed(1)
+        with torch.no_grad():  # a policy away from the reference, so the KL term has a gradient
+            for p in tr.policy.lm.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        if forced_beta is not None:
+            tr.kl_ctl.value = forced_beta
+        tr.learn(batch, 1)
+        return _policy_weights(tr)
+
+    fixed, forced, default = run(0.5), run(0.05, forced_beta=0.5), run(0.05)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(fixed, forced))
+    assert max(float((a - b).abs().max()) for a, b in zip(fixed, default)) > 1e-5
+
+
+@pytest.mark.parametrize("estimator,kl_in,kl_estimator,loss_agg", [
+    ("gae", "reward", "k1", "token-mean"),
+    ("reinforce++", "reward", "k1", "token-mean"),
+    ("grpo", "loss", "k3", "token-mean"),
+    ("rloo", "loss", "k3", "token-mean"),
+    ("dr_grpo", "loss", "k3", "seq-mean-token-sum-norm"),
+])
+def test_auto_settings_follow_the_estimator(tmp_path, estimator, kl_in, kl_estimator, loss_agg):
+    cfg = tiny_config(tmp_path, iterations=1, algo__estimator=estimator, rollout__samples_per_prompt=2)
+    tr = PPOTrainer(cfg, verifier=length_reward)
+    a = tr.cfg.algo
+    assert (a.kl_in, a.kl_estimator, a.loss_agg) == (kl_in, kl_estimator, loss_agg)
+
+
+def test_grpo_default_kl_changes_the_update(tmp_path):
+    """GRPO's advantages come from the scores alone, so its default KL (a loss term) must still act:
+    β changes the updated weights."""
+    def run(kl_coef):
+        cfg = tiny_config(tmp_path / str(kl_coef), iterations=1, algo__estimator="grpo", algo__kl_coef=kl_coef,
+                          rollout__samples_per_prompt=2, optim__epochs=2, optim__num_minibatches=1)
+        tr = PPOTrainer(cfg, verifier=length_reward)
+        batch = tr.rollout(1)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for p in tr.policy.lm.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        tr.learn(batch, 1)
+        return _policy_weights(tr)
+
+    a, b = run(0.0), run(1.0)
+    assert max(float((x - y).abs().max()) for x, y in zip(a, b)) > 1e-5
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_token_statistics_do_not_depend_on_micro_batching(tmp_path, agg):
+    """Clip fractions, approx KL and entropy are token means whatever the loss aggregation: splitting
+    the minibatch into micro-batches of different lengths must not change them."""
+    def run(micro):
+        cfg = tiny_config(tmp_path / str(micro), iterations=1, algo__loss_agg=agg, optim__epochs=2,
+                          optim__num_minibatches=1, optim__micro_batch_size=micro, rollout__max_new_tokens=8,
+                          optim__actor_lr=3e-3)
+        cfg.rollout.stop_tokens = list("0123456789")
+        tr = PPOTrainer(cfg, verifier=length_reward)
+        batch = tr.rollout(1)
+        lengths = batch.response_mask.sum(1)
+        assert int(lengths.max()) > int(lengths.min()), "rows of different lengths, or the test means nothing"
+        return tr.learn(batch, 1)
+
+    whole, split = run(0), run(2)
+    assert whole["policy_clip_frac"] > 0
+    for k in ("policy_clip_frac", "approx_kl", "approx_kl_k3", "entropy", "policy_loss", "value_clip_frac"):
+        assert split[k] == pytest.approx(whole[k], rel=1e-4, abs=1e-7), k

@@ -228,3 +228,11 @@ def test_nonfinite_loss_is_skipped_then_stops(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before, tr.policy.lm.parameters()))  # nothing applied
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines() if (tmp_path / "metrics.jsonl").exists() else []
     assert len(rows) == 0  # it stopped within the first iteration (2 minibatches × 2 epochs all skipped)
+
+
+def test_kl_in_reward_with_a_score_only_estimator_is_refused():
+    cfg = from_dict(TrainConfig, {"algo": {"estimator": "grpo", "kl_in": "reward"}, "rollout": {"samples_per_prompt": 2}})
+    with pytest.raises(ConfigError, match="algo.kl_in.*no effect.*grpo"):
+        validate_config(cfg)
+    cfg.algo.kl_coef = 0.0  # nothing to put anywhere: fine
+    validate_config(cfg)

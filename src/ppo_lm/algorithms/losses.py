@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_mask, check_positive, check_same_shape
+from .advantages import AllReduce, masked_mean_var
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -200,19 +201,15 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return -(p * logp.masked_fill(p == 0, 0)).sum(-1)
 
 
-def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
-    """1 − Var(R̂ − V)/Var(R̂) over valid positions (NaN when Var(R̂) = 0). Args (B, T); 0-dim out."""
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, *,
+                       all_reduce: AllReduce | None = None) -> Tensor:
+    """1 − Var(R̂ − V)/Var(R̂) over valid positions — of every rank when ``all_reduce`` sums over
+    ranks — (NaN when Var(R̂) = 0). Args (B, T); 0-dim out."""
     check_same_shape("values", values, returns=returns, mask=mask)
     m = check_mask(mask)
-    n = m.sum().clamp_min(1)
-    r = returns.detach().where(m, 0)
-    diff = (returns.detach() - values.detach()).where(m, 0)
-
-    def var(x: Tensor) -> Tensor:
-        mean = x.sum() / n
-        return ((x - mean).where(m, 0).square().sum()) / n
-
-    var_r = var(r)
+    r = returns.detach()
+    _, var_r = masked_mean_var(r, m, unbiased=False, all_reduce=all_reduce)
+    _, var_d = masked_mean_var(r - values.detach(), m, unbiased=False, all_reduce=all_reduce)
     if float(var_r) == 0:
         return torch.full((), float("nan"), dtype=values.dtype, device=values.device)
-    return 1 - var(diff) / var_r
+    return 1 - var_d / var_r

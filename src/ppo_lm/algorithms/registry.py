@@ -60,6 +60,8 @@ class EstimatorSpec:
     fn: Estimator
     needs_critic: bool
     needs_groups: bool
+    uses_shaped_rewards: bool  # False: built from the scores alone, so a KL in the reward has no effect
+    loss_agg: str = "token-mean"  # the aggregation its paper uses (SPEC §3: Dr. GRPO's differs)
 
 
 def _gae_estimator(
@@ -99,11 +101,12 @@ def _reinforce_pp(x: AdvantageInputs, s: AdvantageSettings, all_reduce: AllReduc
 
 
 ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {
-    "gae": EstimatorSpec(_gae_estimator, needs_critic=True, needs_groups=False),
-    "grpo": EstimatorSpec(_grpo, needs_critic=False, needs_groups=True),
-    "dr_grpo": EstimatorSpec(_dr_grpo, needs_critic=False, needs_groups=True),
-    "rloo": EstimatorSpec(_rloo, needs_critic=False, needs_groups=True),
-    "reinforce++": EstimatorSpec(_reinforce_pp, needs_critic=False, needs_groups=False),
+    "gae": EstimatorSpec(_gae_estimator, needs_critic=True, needs_groups=False, uses_shaped_rewards=True),
+    "grpo": EstimatorSpec(_grpo, needs_critic=False, needs_groups=True, uses_shaped_rewards=False),
+    "dr_grpo": EstimatorSpec(_dr_grpo, needs_critic=False, needs_groups=True, uses_shaped_rewards=False,
+                             loss_agg="seq-mean-token-sum-norm"),
+    "rloo": EstimatorSpec(_rloo, needs_critic=False, needs_groups=True, uses_shaped_rewards=False),
+    "reinforce++": EstimatorSpec(_reinforce_pp, needs_critic=False, needs_groups=False, uses_shaped_rewards=True),
 }
 
 POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {

@@ -103,9 +103,13 @@ class AlgoConfig:
     whiten_advantages: bool = True
     """Whiten GAE advantages over the global batch (critic-free estimators normalise themselves)."""
     kl_coef: float = 0.05
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
-    kl_in: Literal["reward", "loss"] = "reward"
-    """Where the reference KL goes: into the shaped reward, or as a loss term kl_coef·KL."""
+    kl_estimator: Literal["auto", "k1", "k2", "k3"] = "auto"
+    """KL(π ‖ π_ref) per token (SPEC §1.2). auto: k1 in the reward; k3 as a loss term (unbiased and
+    ≥ 0, as in GRPO; k1 as a loss has zero expected gradient on-policy)."""
+    kl_in: Literal["auto", "reward", "loss"] = "auto"
+    """Where the reference KL goes: into the shaped reward, or as a loss term β·KL. auto: the reward
+    for estimators that learn from it (gae, reinforce++), the loss for those built from the scores alone
+    (grpo, dr_grpo, rloo; SPEC §3), where a KL in the reward would have no effect."""
     adaptive_kl_target: float | None = None
     """Target per-response KL for the adaptive β of Ziegler et al. 2019; None = fixed β."""
     adaptive_kl_horizon: float = 10000.0
@@ -119,7 +123,9 @@ class AlgoConfig:
     value_clip_eps: float | None = 0.2
     vf_coef: float = 0.1
     entropy_coef: float = 0.0
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    loss_agg: Literal["auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "auto"
+    """How per-token losses become one. auto: token-mean, or the estimator's own (dr_grpo:
+    seq-mean-token-sum-norm, SPEC §3)."""
 
 
 @dataclass

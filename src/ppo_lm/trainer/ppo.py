@@ -38,6 +38,7 @@ from .config_io import ConfigError, dump_yaml
 from .metrics_log import MetricsLogger, truncate_jsonl
 from .state import TrainState, load_checkpoint, save_checkpoint
 from .update import UpdateContext, ppo_update
+from .validate import resolve_algo
 
 
 class NonFiniteLossError(RuntimeError):
@@ -55,6 +56,7 @@ class PPOTrainer:
         dist.init_from_env()
         self.cfg = cfg
         builders_validate(cfg)
+        cfg.algo = resolve_algo(cfg.algo)  # "auto" settings made concrete for the chosen estimator
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = builders.resolve_device(cfg.model.device)
@@ -198,7 +200,8 @@ class PPOTrainer:
         # 4. K epochs of minibatch updates on the fixed rollout.
         t4 = time.perf_counter()
         train_policy = iteration > cfg.optim.critic_warmup_iterations
-        upd = ppo_update(self.update_ctx, batch, self.policy_loss_fn, self.shuffle_gen, train_policy=train_policy)
+        upd = ppo_update(self.update_ctx, batch, self.policy_loss_fn, self.shuffle_gen, train_policy=train_policy,
+                         kl_coef=beta if a.kl_in == "loss" else 0.0)
         timings["update_s"] = time.perf_counter() - t4
         self.state.nonfinite_in_row = 0 if upd["nonfinite_skipped"] == 0 else self.state.nonfinite_in_row + upd["nonfinite_skipped"]
         self.state.nonfinite_total += int(upd["nonfinite_skipped"])
@@ -250,10 +253,12 @@ class PPOTrainer:
         if batch.gold_scores is not None:
             m["gold_score"] = float(dist.all_reduce_sum(batch.gold_scores.sum().double().cpu())) / n
         if batch.values_old is not None and batch.returns is not None:
-            ev = explained_variance(batch.values_old, batch.returns, mask)
+            ev = explained_variance(batch.values_old, batch.returns, mask, all_reduce=dist.all_reduce_sum)
             m["explained_variance"] = float(ev)
-            m["value_mean"] = float(batch.values_old.where(mask, 0).sum() / mf.sum())
-            m["return_mean"] = float(batch.returns.where(mask, 0).sum() / mf.sum())
+            s_v, s_ret = dist.all_reduce_sum(torch.stack([batch.values_old.where(mask, 0).sum(),
+                                                          batch.returns.where(mask, 0).sum()]).double().cpu()).tolist()
+            m["value_mean"] = s_v / n_tok
+            m["return_mean"] = s_ret / n_tok
         return m
 
     # ------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ class Step:
     critic_values: bool  # a separate critic gives them
     want_entropy: bool
     own_grads: bool  # return gradients (autograd.grad) instead of accumulating into .grad
+    kl_coef: float = 0.0  # β of the KL loss term (the KL controller's now; 0 when the KL is in the reward)
 
 
 def _backward(loss: Tensor, params: list[nn.Parameter] | None) -> tuple[bool, tuple | None]:
@@ -67,10 +68,10 @@ def _policy_part(ctx: UpdateContext, mbat: RolloutBatch, st: Step, to_local: flo
                       "approx_kl": ps["approx_kl"], "approx_kl_k3": ps["approx_kl_k3"],
                       "policy_clip_frac": ps["clip_frac"], "dual_clip_frac": ps["dual_clip_frac"],
                       "ratio_max": ps["ratio_max"]})
-        if a.kl_in == "loss" and a.kl_coef > 0:
+        if st.kl_coef > 0:
             kl_loss = aggregate(kl_penalty(logp, mbat.logp_ref, a.kl_estimator), m, a.loss_agg,
                                 denominator=denom, horizon=horizon)
-            loss = loss + a.kl_coef * kl_loss
+            loss = loss + st.kl_coef * kl_loss
             stats["kl_loss"] = kl_loss.detach() * to_local
         if ent_grad:
             loss = loss - a.entropy_coef * aggregate(out["entropy"], m, a.loss_agg, denominator=denom, horizon=horizon)
@@ -96,12 +97,14 @@ def _critic_part(ctx: UpdateContext, mbat: RolloutBatch, st: Step, to_local: flo
 
 
 class ShareResult(NamedTuple):
-    """One lane's share of a micro-batch: loss finite, stats (means over its rows), weight (its token
-    or sequence count), gradients of the policy's and the critic's parameters (None: none returned)."""
+    """One lane's share of a micro-batch: loss finite, stats (means over its rows), weight (the count
+    of the loss's units: tokens, or sequences for the seq-mean aggregations), tokens, gradients of the
+    policy's and the critic's parameters (None: none returned)."""
 
     finite: bool
     stats: dict[str, Tensor | float]
     weight: float
+    tokens: float
     policy_grads: tuple | None
     critic_grads: tuple | None
 
@@ -110,7 +113,8 @@ def rows_step(ctx: UpdateContext, mbat: RolloutBatch, st: Step) -> ShareResult:
     """The policy's, then the critic's forward/backward on some rows (one after the other, so the
     policy's activations are freed before the critic's forward)."""
     m = mbat.response_mask
-    n_local = float(m.sum()) if ctx.cfg.algo.loss_agg == "token-mean" else float(m.shape[0])
+    tokens = float(m.sum())
+    n_local = tokens if ctx.cfg.algo.loss_agg == "token-mean" else float(m.shape[0])
     to_local = float(st.loss_args["denominator"]) / max(n_local, 1.0)  # loss (÷ denominator) → local mean
     ok, stats, policy_grads, critic_grads = True, {}, None, None
     if st.train_policy or st.policy_values:
@@ -118,7 +122,7 @@ def rows_step(ctx: UpdateContext, mbat: RolloutBatch, st: Step) -> ShareResult:
     if st.critic_values:
         ok_c, stats_c, critic_grads = _critic_part(ctx, mbat, st, to_local)
         ok, stats = ok and ok_c, {**stats, **stats_c}
-    return ShareResult(ok, stats, n_local, policy_grads, critic_grads)
+    return ShareResult(ok, stats, n_local, tokens, policy_grads, critic_grads)
 
 
 def lane_rows(idx: Tensor, batch: RolloutBatch, lanes: Lanes, hidden: int) -> list[Tensor]:
@@ -129,24 +133,32 @@ def lane_rows(idx: Tensor, batch: RolloutBatch, lanes: Lanes, hidden: int) -> li
     return lanes.shares(order, batch.prompt_width + int(lengths.max()), hidden)
 
 
-# Statistics that are maxima over the rows (the others are means).
+# Statistics that are maxima over the rows; the losses are means over the loss's own units (tokens, or
+# sequences for the seq-mean aggregations); every other statistic is a mean over tokens.
 MAX_STATS = ("ratio_max",)
+LOSS_STATS = ("policy_loss", "value_loss", "kl_loss")
 
 
-def merge_shares(shares: list[tuple[dict[str, Tensor | float], float]]) -> tuple[dict[str, float], float]:
-    """One micro-batch's statistics from its lanes' (stats, weight): weighted means, and the maximum
-    for :data:`MAX_STATS`, so the logged values do not depend on the number of lanes."""
-    total = sum(w for _, w in shares)
+def stat_weight(key: str, weight: float, tokens: float) -> float:
+    """What a share's value of statistic ``key`` counts for in a mean over shares."""
+    return weight if key in LOSS_STATS else tokens
+
+
+def merge_shares(shares: list[tuple[dict[str, Tensor | float], float, float]]) -> tuple[dict[str, float], float, float]:
+    """One micro-batch's statistics from its lanes' (stats, weight, tokens): means weighted by
+    :func:`stat_weight`, and the maximum for :data:`MAX_STATS`, so the logged values do not depend on
+    the number of lanes. Returns (stats, total weight, total tokens)."""
     if len(shares) == 1:
         return shares[0]
     merged: dict[str, float] = {}
     for key in shares[0][0]:
-        values = [float(s[key]) for s, _ in shares]
+        values = [float(s[key]) for s, _, _ in shares]
         if key in MAX_STATS:
             merged[key] = max(values)
-        else:
-            merged[key] = sum(v * w for v, (_, w) in zip(values, shares)) / total if total else values[0]
-    return merged, total
+            continue
+        ws = [stat_weight(key, w, n) for _, w, n in shares]
+        merged[key] = sum(v * w for v, w in zip(values, ws)) / sum(ws) if sum(ws) else values[0]
+    return merged, sum(w for _, w, _ in shares), sum(n for _, _, n in shares)
 
 
 def accumulate(params: list[nn.Parameter], per_lane: list[tuple | None]) -> None:

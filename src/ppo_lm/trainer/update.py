@@ -17,7 +17,7 @@ from ..models.actor_critic import CriticModel, PolicyModel, packs_sequences
 from ..models.hf_compat import hidden_size
 from ..rollout.batch import RolloutBatch, length_groups
 from .config import TrainConfig
-from .step import MAX_STATS, Step, accumulate, lane_rows, merge_shares, rows_step
+from .step import MAX_STATS, Step, accumulate, lane_rows, merge_shares, rows_step, stat_weight
 
 
 def _scheduler(name: str, opt: torch.optim.Optimizer, warmup: int, total: int):
@@ -110,21 +110,24 @@ class UpdateContext:
 
 
 class _Stats:
-    """The update's statistics over all its micro-batches, minibatches, epochs and ranks: token-weighted
-    means, except :data:`MAX_STATS` (``ratio_max``), whose value is the maximum over all of them."""
+    """The update's statistics over all its micro-batches, minibatches, epochs and ranks: means weighted
+    by :func:`~.step.stat_weight` (losses by their units, the rest by tokens), except :data:`MAX_STATS`
+    (``ratio_max``), whose value is the maximum over all of them."""
 
     def __init__(self):
         self.sums: dict[str, float] = {}
         self.weights: dict[str, float] = {}
         self.maxima: dict[str, float] = {}
 
-    def add(self, stats: dict[str, Tensor | float], weight: float) -> None:
+    def add(self, stats: dict[str, Tensor | float], weight: float, tokens: float | None = None) -> None:
+        """``tokens`` None: every statistic counts ``weight`` (per-step values such as grad norms)."""
         for k, v in stats.items():
             if k in MAX_STATS:
                 self.maxima[k] = max(self.maxima.get(k, -math.inf), float(v))
                 continue
-            self.sums[k] = self.sums.get(k, 0.0) + float(v) * weight
-            self.weights[k] = self.weights.get(k, 0.0) + weight
+            w = weight if tokens is None else stat_weight(k, weight, tokens)
+            self.sums[k] = self.sums.get(k, 0.0) + float(v) * w
+            self.weights[k] = self.weights.get(k, 0.0) + w
 
     def result(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -184,11 +187,13 @@ def ppo_update(
     shuffle_gen: torch.Generator,
     *,
     train_policy: bool = True,
+    kl_coef: float = 0.0,
 ) -> dict[str, float]:
     """Optimise the clipped surrogate and the value loss on a fixed rollout.
 
     Each minibatch's loss is normalised by its token (or sequence) count over all micro-batches and
-    ranks, so accumulation and data parallelism give exactly the full-minibatch gradient.
+    ranks, so accumulation and data parallelism give exactly the full-minibatch gradient. ``kl_coef``:
+    β of the KL loss term (``algo.kl_in`` = loss; the KL controller's current value), 0 for none.
     Returns the stats over all minibatches (means; ``ratio_max`` the maximum) plus ``nonfinite_skipped`` (minibatch updates skipped: a non-finite loss or gradient norm).
     """
     cfg, a, o = ctx.cfg, ctx.cfg.algo, ctx.cfg.optim
@@ -226,7 +231,7 @@ def ppo_update(
                 st = Step(P, temperature, policy_loss_fn, dict(agg=a.loss_agg, denominator=denom, horizon=horizon),
                            train_policy, shared_values, separate_values,
                            want_entropy=ent_grad or epoch == 0,  # the entropy diagnostic: first epoch only
-                           own_grads=len(shares) > 1)
+                           own_grads=len(shares) > 1, kl_coef=kl_coef)
                 # Gradients are all-reduced once per minibatch, on its last micro-batch.
                 with _no_sync(ctx, skip=j < len(micro_batches) - 1):
                     results = ctx.lanes.run([partial(rows_step, ctx, batch.select(rows), st) for rows in shares])
@@ -236,7 +241,7 @@ def ppo_update(
                 # all-reduces; the whole minibatch's gradient is then discarded below.
                 loss_finite = all(r.finite for r in results)
                 finite = finite and loss_finite
-                mb_stats.append(merge_shares([(r.stats, r.weight) for r in results]))
+                mb_stats.append(merge_shares([(r.stats, r.weight, r.tokens) for r in results]))
             finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)) == 0)
             norms = {}
             if finite:
@@ -260,8 +265,8 @@ def ppo_update(
                 # on every rank, so are the keys of the statistics the ranks reduce at the end.
                 skipped += 1
                 continue
-            for step_stats, weight in mb_stats:
-                stats.add(step_stats, weight)
+            for step_stats, weight, tokens in mb_stats:
+                stats.add(step_stats, weight, tokens)
             stats.add(norms, 1.0)
             # Each schedule counts its own optimiser's steps (the actor's skip the critic warm-up).
             if train_policy:

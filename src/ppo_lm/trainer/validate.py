@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..algorithms import get_advantage_estimator
-from .config import TrainConfig
+from .config import AlgoConfig, TrainConfig
 from .config_io import ConfigError, check_types
 
 
@@ -67,6 +69,12 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
         raise ConfigError(f"`log.keep_last` must be >= 1, got {log.keep_last}")
 
     spec = get_advantage_estimator(a.estimator)
+    if a.kl_in == "reward" and a.kl_coef > 0 and not spec.uses_shaped_rewards:
+        raise ConfigError(
+            f"`algo.kl_in`='reward' would have no effect: `algo.estimator`={a.estimator!r} builds its "
+            "advantages from the scores alone (SPEC §3); set `algo.kl_in` to 'loss' (or 'auto'), or "
+            "`algo.kl_coef` to 0"
+        )
     if spec.needs_groups and r.samples_per_prompt < 2:
         raise ConfigError(
             f"`algo.estimator`={a.estimator!r} compares samples of the same prompt: set "
@@ -88,3 +96,14 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
             f"`optim.micro_batch_size`={o.micro_batch_size} must divide the minibatch size per process "
             f"({mb}); use 0 for no gradient accumulation"
         )
+
+
+def resolve_algo(a: AlgoConfig) -> AlgoConfig:
+    """``a`` with its ``auto`` choices made for its estimator (see :class:`AlgoConfig`): where the KL
+    goes, its estimator, the loss aggregation. The trainer runs on the result, and the run's
+    config.yaml records it."""
+    spec = get_advantage_estimator(a.estimator)
+    kl_in = a.kl_in if a.kl_in != "auto" else ("reward" if spec.uses_shaped_rewards else "loss")
+    kl_estimator = a.kl_estimator if a.kl_estimator != "auto" else ("k1" if kl_in == "reward" else "k3")
+    loss_agg = a.loss_agg if a.loss_agg != "auto" else spec.loss_agg
+    return dataclasses.replace(a, kl_in=kl_in, kl_estimator=kl_estimator, loss_agg=loss_agg)
