@@ -11,6 +11,8 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
+from .files import atomic_write_text
+
 C = TypeVar("C")
 
 
@@ -126,7 +128,7 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def dump_yaml(cfg: Any, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def check_types(cfg: Any, prefix: str = "") -> None:

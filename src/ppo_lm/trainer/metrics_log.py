@@ -8,6 +8,8 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from .files import atomic_write_text
+
 TIMING_KEYS_SUFFIXES = ("_s", "_per_s")
 """Metrics ending so measure wall time; they are the only ones that differ between identical runs."""
 
@@ -17,7 +19,8 @@ def is_timing_key(key: str) -> bool:
 
 
 def truncate_jsonl(path: Path, max_iteration: int) -> None:
-    """Drop lines logged after ``max_iteration`` (a resumed run re-logs them)."""
+    """Drop lines logged after ``max_iteration`` (a resumed run re-logs them); the file is replaced
+    atomically."""
     if not path.is_file():
         return
     keep = []
@@ -27,7 +30,7 @@ def truncate_jsonl(path: Path, max_iteration: int) -> None:
                 keep.append(line)
         except json.JSONDecodeError:
             continue  # a line cut by a crash
-    path.write_text("".join(k + "\n" for k in keep))
+    atomic_write_text(path, "".join(k + "\n" for k in keep))  # a crash here must not cut the log
 
 
 class MetricsLogger:

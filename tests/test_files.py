@@ -1,0 +1,35 @@
+"""A user's files are replaced whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ppo_lm.trainer.files import atomic_write_text
+from ppo_lm.trainer.metrics_log import truncate_jsonl
+
+
+def test_a_failed_rewrite_leaves_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    old = "".join(json.dumps({"iteration": i}) + "\n" for i in range(1, 6))
+    path.write_text(old)
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        truncate_jsonl(path, 3)
+    assert path.read_text() == old
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temporary file left behind
+
+
+def test_truncate_keeps_rows_up_to_the_iteration(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"iteration": i}) + "\n" for i in range(1, 6)) + '{"iteration": 6, "cut')
+    truncate_jsonl(path, 3)
+    assert [json.loads(x)["iteration"] for x in path.read_text().splitlines()] == [1, 2, 3]
+    atomic_write_text(path, "x\n")
+    assert path.read_text() == "x\n"
