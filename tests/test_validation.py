@@ -236,3 +236,27 @@ def test_kl_in_reward_with_a_score_only_estimator_is_refused():
         validate_config(cfg)
     cfg.algo.kl_coef = 0.0  # nothing to put anywhere: fine
     validate_config(cfg)
+
+
+def test_only_consecutive_nonfinite_updates_stop_the_run(tmp_path):
+    """Skips with applied updates between them do not add up; a run of skips does, across iterations."""
+    import torch
+
+    tr = PPOTrainer(tiny_config(tmp_path, iterations=3, optim__epochs=2, optim__num_minibatches=2,
+                                optim__max_nonfinite_in_row=2), verifier=count_sevens)
+    real = tr.policy_loss_fn
+    calls = {"n": 0, "bad": set()}
+
+    def flaky(logp, *a, **k):
+        loss, stats = real(logp, *a, **k)
+        calls["n"] += 1
+        return (loss * torch.tensor(float("nan")) if calls["n"] in calls["bad"] else loss), stats
+
+    tr.policy_loss_fn = flaky
+    calls["bad"] = {1, 3}  # skip, ok, skip, ok: never two in a row
+    metrics = tr.train_iteration(1)
+    assert metrics["nonfinite_skipped_total"] == 2
+    calls["bad"] = {8, 9}  # iteration 2 ends with a skip (call 8), iteration 3 starts with one (call 9)
+    tr.train_iteration(2)
+    with pytest.raises(NonFiniteLossError, match="2 consecutive minibatch updates"):
+        tr.train_iteration(3)

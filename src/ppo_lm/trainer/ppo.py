@@ -201,14 +201,16 @@ class PPOTrainer:
         t4 = time.perf_counter()
         train_policy = iteration > cfg.optim.critic_warmup_iterations
         upd = ppo_update(self.update_ctx, batch, self.policy_loss_fn, self.shuffle_gen, train_policy=train_policy,
-                         kl_coef=beta if a.kl_in == "loss" else 0.0)
+                         kl_coef=beta if a.kl_in == "loss" else 0.0, nonfinite_in_row=self.state.nonfinite_in_row)
         timings["update_s"] = time.perf_counter() - t4
-        self.state.nonfinite_in_row = 0 if upd["nonfinite_skipped"] == 0 else self.state.nonfinite_in_row + upd["nonfinite_skipped"]
+        self.state.nonfinite_in_row = int(upd.pop("nonfinite_in_row"))
         self.state.nonfinite_total += int(upd["nonfinite_skipped"])
-        if self.state.nonfinite_in_row >= cfg.optim.max_nonfinite_in_row:
+        longest = int(upd.pop("nonfinite_max_in_row"))
+        if longest >= cfg.optim.max_nonfinite_in_row:
             raise NonFiniteLossError(
-                f"{self.state.nonfinite_in_row} consecutive updates had a non-finite loss or gradient (iteration {iteration}); "
-                "lower the learning rates or check the reward scale"
+                f"{longest} consecutive minibatch updates had a non-finite loss or gradient (iteration "
+                f"{iteration}; `optim.max_nonfinite_in_row`={cfg.optim.max_nonfinite_in_row}): lower the learning "
+                "rates or check the reward scale"
             )
 
         # 5. Diagnostics over the global batch, then the KL controller sees this batch's KL.

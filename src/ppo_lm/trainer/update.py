@@ -188,13 +188,18 @@ def ppo_update(
     *,
     train_policy: bool = True,
     kl_coef: float = 0.0,
+    nonfinite_in_row: int = 0,
 ) -> dict[str, float]:
     """Optimise the clipped surrogate and the value loss on a fixed rollout.
 
     Each minibatch's loss is normalised by its token (or sequence) count over all micro-batches and
     ranks, so accumulation and data parallelism give exactly the full-minibatch gradient. ``kl_coef``:
     β of the KL loss term (``algo.kl_in`` = loss; the KL controller's current value), 0 for none.
-    Returns the stats over all minibatches (means; ``ratio_max`` the maximum) plus ``nonfinite_skipped`` (minibatch updates skipped: a non-finite loss or gradient norm).
+    ``nonfinite_in_row``: skipped minibatch updates that ended the previous update, continued here.
+    Returns the stats over all minibatches (means; ``ratio_max`` the maximum) plus ``nonfinite_skipped``
+    (minibatch updates skipped: a non-finite loss or gradient norm), ``nonfinite_in_row`` (skips since
+    the last applied one, counting ``nonfinite_in_row`` in) and ``nonfinite_max_in_row`` (the longest
+    such run during this update).
     """
     cfg, a, o = ctx.cfg, ctx.cfg.algo, ctx.cfg.optim
     world = dist.world_size()
@@ -204,7 +209,7 @@ def ppo_update(
     temperature = cfg.rollout.temperature or 1.0
     has_critic = batch.values_old is not None and ctx.critic_params
     ent_grad = a.entropy_coef > 0
-    stats, skipped = _Stats(), 0
+    stats, skipped, in_row, max_in_row = _Stats(), 0, nonfinite_in_row, nonfinite_in_row
     P = batch.prompt_width
     packed = packs_sequences(ctx.policy) and (ctx.critic is None or packs_sequences(ctx.critic))
     shared_values = ctx.policy.value_head is not None and bool(has_critic)
@@ -264,7 +269,10 @@ def ppo_update(
                 # A skipped minibatch leaves no statistics (it changed nothing); the decision is the same
                 # on every rank, so are the keys of the statistics the ranks reduce at the end.
                 skipped += 1
+                in_row += 1
+                max_in_row = max(max_in_row, in_row)
                 continue
+            in_row = 0
             for step_stats, weight, tokens in mb_stats:
                 stats.add(step_stats, weight, tokens)
             stats.add(norms, 1.0)
@@ -278,5 +286,6 @@ def ppo_update(
     if ctx.critic_opt is not None:
         result["lr_critic"] = ctx.critic_opt.param_groups[0]["lr"]
     result["nonfinite_skipped"] = float(skipped)
+    result["nonfinite_in_row"], result["nonfinite_max_in_row"] = float(in_row), float(max_in_row)
     return result
 
