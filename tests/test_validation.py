@@ -260,3 +260,32 @@ def test_only_consecutive_nonfinite_updates_stop_the_run(tmp_path):
     tr.train_iteration(2)
     with pytest.raises(NonFiniteLossError, match="2 consecutive minibatch updates"):
         tr.train_iteration(3)
+
+
+def test_prompt_rows_must_share_their_columns(tmp_path):
+    f = tmp_path / "p.jsonl"
+    rows = [{"prompt": f"Solve x+{i}=9\n", "answer": str(9 - i)} for i in range(8)]
+    del rows[5]["answer"]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match=r"row 5 has columns \['prompt'\] but row 0 has \['answer', 'prompt'\]"):
+        PPOTrainer(tiny_config(tmp_path, data__prompts=str(f)))
+
+
+@pytest.mark.parametrize("overrides,field", [
+    ({"threads": -1}, "threads"),
+    ({"log__save_every": -1}, "log.save_every"),
+    ({"optim__warmup_steps": -2}, "optim.warmup_steps"),
+    ({"optim__critic_warmup_iterations": -1}, "optim.critic_warmup_iterations"),
+    ({"rollout__min_new_tokens": 9, "rollout__max_new_tokens": 8}, "rollout.min_new_tokens"),
+    ({"model__builtin_hidden_size": 30}, "model.builtin_hidden_size"),
+    ({"model__builtin_heads": 0}, "model.builtin_heads"),
+    ({"model__builtin_layers": 0}, "model.builtin_layers"),
+    ({"data__builtin_num_prompts": 0}, "data.builtin_num_prompts"),
+    ({"data__prompt_column": "question"}, "data.prompt_column"),
+    ({"algo__adaptive_kl_target": 1.0, "algo__adaptive_kl_horizon": 1.0}, "algo.adaptive_kl_horizon"),
+    ({"algo__adaptive_kl_target": 1.0, "algo__kl_coef": 0.0}, "algo.kl_coef"),
+])
+def test_start_up_checks_name_the_field(tmp_path, overrides, field):
+    cfg = tiny_config(tmp_path, **overrides)
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        validate_config(cfg)

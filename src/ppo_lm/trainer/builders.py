@@ -197,6 +197,12 @@ def load_prompt_rows(cfg: DataConfig, tokenizer, *, max_prompt_tokens: int, seed
             rows = load_rows(cfg.prompts, [cfg.prompt_column], name="prompt data (`data.prompts`)")
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    odd = next((i for i, r in enumerate(rows) if r.keys() != rows[0].keys()), None)
+    if odd is not None:
+        raise ConfigError(
+            f"`data.prompts`: row {odd} has columns {sorted(rows[odd])} but row 0 has {sorted(rows[0])}; every "
+            "row needs the same columns (the verifier receives them for every response)"
+        )
     bad = [i for i, r in enumerate(rows) if not isinstance(r[cfg.prompt_column], str) or not r[cfg.prompt_column]]
     if bad:
         raise ConfigError(f"`data.prompts`: row {bad[0]} has an empty or non-text `{cfg.prompt_column}`")

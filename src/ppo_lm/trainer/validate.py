@@ -24,6 +24,27 @@ def _pos(name: str, v: float | None, *, allow_zero: bool = False) -> None:
         raise ConfigError(f"`{name}` must be {'>= 0' if allow_zero else '> 0'}, got {v}")
 
 
+def _check_builtin(cfg: TrainConfig) -> None:
+    """The built-in model's and prompt set's settings, where they are used."""
+    m, d = cfg.model, cfg.data
+    if m.policy == "builtin":
+        for name, v in [("model.builtin_hidden_size", m.builtin_hidden_size), ("model.builtin_layers", m.builtin_layers),
+                        ("model.builtin_heads", m.builtin_heads)]:
+            if v < 1:
+                raise ConfigError(f"`{name}` must be >= 1, got {v}")
+        if m.builtin_hidden_size % (2 * m.builtin_heads):
+            raise ConfigError(
+                f"`model.builtin_hidden_size`={m.builtin_hidden_size} must be a multiple of 2 × "
+                f"`model.builtin_heads` ({2 * m.builtin_heads}): each head's width is split in halves by RoPE"
+            )
+    if d.prompts == "builtin:equations":
+        if d.builtin_num_prompts < 1:
+            raise ConfigError(f"`data.builtin_num_prompts` must be >= 1, got {d.builtin_num_prompts}")
+        if d.prompt_column != "prompt":
+            raise ConfigError(f"`data.prompt_column`={d.prompt_column!r}: the built-in prompts' column is 'prompt' "
+                              "(set `data.prompts` to your file to use another column)")
+
+
 def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
     """Raise :class:`ConfigError` naming the first bad field."""
     check_types(cfg)
@@ -47,6 +68,19 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
     _pos("algo.kl_coef", a.kl_coef, allow_zero=True)
     _pos("algo.adaptive_kl_target", a.adaptive_kl_target)
     _pos("algo.adaptive_kl_horizon", a.adaptive_kl_horizon)
+    if a.adaptive_kl_target is not None:
+        if a.kl_coef <= 0:
+            raise ConfigError("`algo.kl_coef` must be > 0 with `algo.adaptive_kl_target`: the adaptive β starts "
+                              "from it and scales it, so 0 would stay 0")
+        episodes = r.num_prompts * r.samples_per_prompt
+        if a.adaptive_kl_horizon < episodes:
+            # β ← β·(1 + e·n/horizon) with |e| ≤ 0.2: n > horizon moves β by over 20 % an iteration, and
+            # n > 5·horizon makes it negative.
+            raise ConfigError(
+                f"`algo.adaptive_kl_horizon`={a.adaptive_kl_horizon} is below the episodes per iteration "
+                f"({episodes}): β would move by more than 20 % an iteration (and turn negative beyond 5×); "
+                f"use a horizon >= {episodes} (Ziegler et al. 2019 use 10000)"
+            )
     _pos("algo.clip_eps", a.clip_eps)
     _pos("algo.clip_eps_high", a.clip_eps_high)
     _pos("algo.value_clip_eps", a.value_clip_eps)
@@ -67,6 +101,14 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
         raise ConfigError(f"`model.value_grad_scale` must lie in [0, 1], got {cfg.model.value_grad_scale}")
     if log.keep_last < 1:
         raise ConfigError(f"`log.keep_last` must be >= 1, got {log.keep_last}")
+    for name, v in [("threads", cfg.threads), ("log.save_every", log.save_every),
+                    ("optim.warmup_steps", o.warmup_steps), ("optim.critic_warmup_iterations", o.critic_warmup_iterations)]:
+        if v < 0:
+            raise ConfigError(f"`{name}` must be >= 0, got {v}")
+    if r.min_new_tokens > r.max_new_tokens:
+        raise ConfigError(f"`rollout.min_new_tokens`={r.min_new_tokens} exceeds `rollout.max_new_tokens`="
+                          f"{r.max_new_tokens}")
+    _check_builtin(cfg)
 
     spec = get_advantage_estimator(a.estimator)
     if a.kl_in == "reward" and a.kl_coef > 0 and not spec.uses_shaped_rewards:
