@@ -271,3 +271,19 @@ def test_optimizer_step_refuses_a_nonfinite_gradient_before_stepping():
     # without clipping the norm is still computed and returned (and checked)
     norm = optimizer_step(model, opt, sched, model(torch.ones(1, 3)).sum(), None, what="SFT", step=8)
     assert norm == pytest.approx(2.0)  # d/dw of w·1 + b: three ones and a one → √4
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["sft", "--data", "/nonexistent/x.jsonl"], "no such file"),
+    (["sft", "--sft.batch-size", "0"], "batch_size must be >= 1"),
+    (["rm", "--data", "PAIRS"], "lacks column"),
+])
+def test_stage_commands_report_bad_input_without_a_traceback(tmp_path, capsys, argv, message):
+    from ppo_lm.cli import main
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "1+1=", "good": "2"}) + "\n")
+    argv = [str(pairs) if a == "PAIRS" else a for a in argv]
+    assert main([*argv, "--output-dir", str(tmp_path / "out"), "--builtin-hidden-size", "32"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

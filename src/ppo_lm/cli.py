@@ -32,12 +32,13 @@ def _parse(cls: type, argv: list[str], prog: str, description: str):
 
 def _run(fn: Callable[[], object]) -> int:
     from .rollout.reward import RewardError
+    from .stages.data import InputError
     from .trainer.config_io import ConfigError
     from .trainer.ppo import NonFiniteLossError
 
     try:
         fn()
-    except (ConfigError, RewardError, NonFiniteLossError) as e:
+    except (ConfigError, InputError, RewardError, NonFiniteLossError, FloatingPointError) as e:
         print(f"ppo-lm: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -10,18 +10,20 @@ from pathlib import Path
 
 import torch
 
+from .data import InputError
+
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 def total_steps(n_rows: int, batch_size: int, epochs: int, max_steps: int | None) -> int:
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
     if max_steps is not None:
         if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+            raise InputError(f"max_steps must be >= 1, got {max_steps}")
         return max_steps
     if epochs < 1:
-        raise ValueError(f"epochs must be >= 1 when max_steps is unset, got {epochs}")
+        raise InputError(f"epochs must be >= 1 when max_steps is unset, got {epochs}")
     return epochs * math.ceil(n_rows / batch_size)
 
 
@@ -43,7 +45,7 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
     """AdamW; biases and norm weights (1-D parameters) are exempt from weight decay, as usual."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        raise ValueError("the model has no trainable parameters")
+        raise InputError("the model has no trainable parameters")
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}]
@@ -55,7 +57,7 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
 def make_scheduler(opt: torch.optim.Optimizer, schedule: str, warmup_steps: int, n_steps: int):
     """Linear warm-up over ``warmup_steps``, then constant, linear decay or cosine decay to 0."""
     if schedule not in LR_SCHEDULES:
-        raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
+        raise InputError(f"lr_schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
 
     def factor(step: int) -> float:
         if step < warmup_steps:

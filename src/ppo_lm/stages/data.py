@@ -19,6 +19,11 @@ from ..models.logprobs import position_ids_from_mask  # noqa: F401 (re-exported)
 RowsLike = str | os.PathLike | Sequence[Mapping[str, Any]]
 
 
+
+class InputError(ValueError):
+    """Bad input from the user to a stage — a data file, a column, a setting; the message says which
+    and how to fix it (the commands print it without a traceback)."""
+
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []
     with path.open("r", encoding="utf-8") as f:
@@ -28,9 +33,9 @@ def _read_jsonl(path: Path) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+                raise InputError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
             if not isinstance(row, dict):
-                raise ValueError(
+                raise InputError(
                     f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}"
                 )
             rows.append(row)
@@ -49,7 +54,7 @@ def _read_saved_dataset(path: Path) -> list[dict]:
     ds = datasets.load_from_disk(str(path))
     if isinstance(ds, datasets.DatasetDict):
         if "train" not in ds:
-            raise ValueError(
+            raise InputError(
                 f"{path}: a DatasetDict without a 'train' split (splits: {sorted(ds.keys())}); "
                 "save the split you want with Dataset.save_to_disk"
             )
@@ -74,10 +79,10 @@ def load_rows(
         path = Path(path_or_rows).expanduser()
         source = str(path)
         if not path.exists():
-            raise ValueError(f"{name}: no such file or directory: {source}")
+            raise InputError(f"{name}: no such file or directory: {source}")
         if path.is_dir():
             if not (path / "dataset_info.json").exists() and not (path / "dataset_dict.json").exists():
-                raise ValueError(
+                raise InputError(
                     f"{name}: {source} is a directory but not one written by datasets' save_to_disk "
                     "(no dataset_info.json or dataset_dict.json)"
                 )
@@ -87,7 +92,7 @@ def load_rows(
         elif path.suffix == ".parquet":
             rows = _read_parquet(path)
         else:
-            raise ValueError(
+            raise InputError(
                 f"{name}: cannot read {source}: unknown extension {path.suffix!r} "
                 "(expected .jsonl, .parquet, or a datasets save_to_disk directory)"
             )
@@ -96,13 +101,13 @@ def load_rows(
         rows = [dict(r) for r in path_or_rows]
 
     if not rows:
-        raise ValueError(f"{name}: {source} is empty")
+        raise InputError(f"{name}: {source} is empty")
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
-            raise ValueError(f"{name}: row {i} of {source} is a {type(row).__name__}, not a dict")
+            raise InputError(f"{name}: row {i} of {source} is a {type(row).__name__}, not a dict")
         missing = [c for c in required if c not in row]
         if missing:
-            raise ValueError(
+            raise InputError(
                 f"{name}: row {i} of {source} lacks column(s) {missing}; columns found: {sorted(row.keys())}"
             )
     return rows
@@ -115,7 +120,7 @@ def split_rows(rows: Sequence[dict], heldout_fraction: float, seed: int) -> tupl
     training row is always kept.
     """
     if not 0.0 <= heldout_fraction < 1.0:
-        raise ValueError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
+        raise InputError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     n_held = 0
@@ -144,7 +149,7 @@ def encode_prompt_response(
     """
     eos_id = tokenizer.eos_token_id
     if eos_id is None:
-        raise ValueError("the tokenizer has no eos_token; set one so responses can end")
+        raise InputError("the tokenizer has no eos_token; set one so responses can end")
     if tokenizer.eos_token and response.endswith(tokenizer.eos_token):
         response = response[: -len(tokenizer.eos_token)]
     prompt_ids = list(tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])

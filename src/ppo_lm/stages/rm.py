@@ -36,6 +36,7 @@ from ._common import (
     window_log_entry,
 )
 from .data import (
+    InputError,
     RowsLike,
     encode_prompt_response,
     last_token_index,
@@ -256,13 +257,13 @@ def train_reward_model(
     else:
         train_rows, held_rows = split_rows(rows, cfg.heldout_fraction, cfg.seed)
     if getattr(model.config, "num_labels", 1) != 1:
-        raise ValueError(f"the reward model needs num_labels=1, got {model.config.num_labels}")
+        raise InputError(f"the reward model needs num_labels=1, got {model.config.num_labels}")
     pad_id = _pad_id(tokenizer)
 
     train_pairs, skipped = _encode_pairs(tokenizer, train_rows, cfg)
     held_pairs, held_skipped = _encode_pairs(tokenizer, held_rows, cfg)
     if not train_pairs:
-        raise ValueError(f"all {len(train_rows)} pairs are longer than max_length={cfg.max_length}")
+        raise InputError(f"all {len(train_rows)} pairs are longer than max_length={cfg.max_length}")
     n_steps = total_steps(len(train_pairs), cfg.batch_size, cfg.epochs, cfg.max_steps)
 
     was_training = model.training

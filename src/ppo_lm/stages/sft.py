@@ -26,7 +26,7 @@ from ._common import (
     total_steps,
     window_log_entry,
 )
-from .data import RowsLike, encode_prompt_response, load_rows, pad_sequences, split_rows
+from .data import InputError, RowsLike, encode_prompt_response, load_rows, pad_sequences, split_rows
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def train_sft(
     train_ex, skipped = _encode_rows(tokenizer, train_rows, cfg)
     held_ex, held_skipped = _encode_rows(tokenizer, held_rows, cfg)
     if not train_ex:
-        raise ValueError(f"all {len(train_rows)} SFT rows are longer than max_length={cfg.max_length}")
+        raise InputError(f"all {len(train_rows)} SFT rows are longer than max_length={cfg.max_length}")
     n_steps = total_steps(len(train_ex), cfg.batch_size, cfg.epochs, cfg.max_steps)
 
     was_training = model.training
