@@ -10,11 +10,15 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _parse(cls: type, argv: list[str], prog: str, description: str):
+def _parse(cls: type, argv: list[str], prog: str, description: str, *, resumable: bool = False):
+    """``cls`` from defaults < ``--config`` < flags. ``resumable``: with ``--resume`` and no ``--config``,
+    the run's own ``OUTPUT_DIR/config.yaml`` takes the place of the defaults, so ``--resume
+    --iterations N`` continues the same experiment without repeating its flags."""
     import tyro
 
     from .trainer.config_io import ConfigError, load_yaml
@@ -22,8 +26,16 @@ def _parse(cls: type, argv: list[str], prog: str, description: str):
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     known, rest = pre.parse_known_args(argv)
+    source = known.config
+    if resumable and not source:
+        run = argparse.ArgumentParser(add_help=False)
+        run.add_argument("--resume", action="store_true")
+        run.add_argument("--output-dir", "--output_dir", default=cls().output_dir)
+        known_run, _ = run.parse_known_args(rest)
+        if known_run.resume and (Path(known_run.output_dir) / "config.yaml").is_file():
+            source = str(Path(known_run.output_dir) / "config.yaml")
     try:
-        default = load_yaml(known.config, cls) if known.config else cls()
+        default = load_yaml(source, cls) if source else cls()
     except ConfigError as e:
         raise SystemExit(f"ppo-lm: error: {e}") from None
     return tyro.cli(cls, args=rest, default=default, prog=prog, description=description + "\n\n--config FILE.yaml  "
@@ -51,7 +63,8 @@ def _run(fn: Callable[[], object]) -> int:
 def cmd_train(argv: list[str]) -> int:
     from .trainer.config import TrainConfig
 
-    cfg = _parse(TrainConfig, argv, "ppo-lm train", "Train a policy with PPO (or GRPO/RLOO/REINFORCE++).")
+    cfg = _parse(TrainConfig, argv, "ppo-lm train", "Train a policy with PPO (or GRPO/RLOO/REINFORCE++).",
+                 resumable=True)
 
     def go():
         from .trainer.ppo import PPOTrainer

@@ -131,6 +131,41 @@ def dump_yaml(cfg: Any, path: str | Path) -> None:
     atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
+# What a resumed run may set differently from the run it continues: its length, logging, the devices
+# and the speed settings that do not change results. Everything else defines the experiment.
+RESUME_MAY_CHANGE = ("iterations", "resume", "output_dir", "threads", "log.", "model.device", "model.cpu_lanes",
+                     "model.compile_kernels", "rollout.forward_batch_size", "optim.micro_batch_size")
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def load_saved_config(path: str | Path) -> dict[str, Any]:
+    """A run's config.yaml as a plain nested dict (empty when unreadable)."""
+    try:
+        return yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def resume_differences(cfg: Any, saved: dict[str, Any]) -> list[str]:
+    """``field: X here, Y in the run`` for every setting of ``cfg`` that differs from the run's saved
+    config (as nested dicts), except those in :data:`RESUME_MAY_CHANGE`."""
+    def may_change(key: str) -> bool:
+        return any(key.startswith(m) if m.endswith(".") else key == m for m in RESUME_MAY_CHANGE)
+
+    now, then = _flat(to_dict(cfg)), _flat(saved)
+    return [f"{k}: {now[k]!r} here, {then[k]!r} in the run" for k in now
+            if k in then and now[k] != then[k] and not may_change(k)]
+
+
 def check_types(cfg: Any, prefix: str = "") -> None:
     """Re-check every field against its annotation (catches bad values set from Python or the CLI)."""
     hints = _hints(type(cfg))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from ..rollout.collect import RolloutModels, collect_rollout
 from ..rollout.sampling import SamplingParams
 from . import builders
 from .config import TrainConfig
-from .config_io import ConfigError, dump_yaml
+from .config_io import ConfigError, dump_yaml, load_saved_config, resume_differences
 from .metrics_log import MetricsLogger, truncate_jsonl
 from .state import TrainState, load_checkpoint, save_checkpoint
 from .update import UpdateContext, ppo_update
@@ -263,6 +264,27 @@ class PPOTrainer:
             m["return_mean"] = s_ret / n_tok
         return m
 
+    def _check_resume_config(self) -> None:
+        """A resumed run must be the same experiment as the run it continues (its config.yaml): other
+        settings would silently make the rest of the run a different one, or fail to load."""
+        saved = load_saved_config(self.output_dir / "config.yaml")
+        if not saved:
+            return
+        diffs = resume_differences(self.cfg, saved)
+        if diffs:
+            raise ConfigError(
+                f"--resume of {str(self.output_dir)!r} with settings that differ from the run's config.yaml: "
+                + "; ".join(diffs) + ". Resume with the run's own settings (`ppo-lm train --output-dir DIR "
+                "--resume --iterations N` reads them from DIR/config.yaml), or start a new run in another "
+                "--output-dir"
+            )
+        o, before = self.cfg.optim, saved.get("iterations")
+        if o.schedule != "constant" and before is not None and before != self.cfg.iterations:
+            warnings.warn(
+                f"`optim.schedule`={o.schedule!r}: the run so far followed a schedule over {before} iterations; "
+                f"from here it follows one over {self.cfg.iterations}, so the learning rate jumps and the run "
+                "differs from an uninterrupted one of that length", stacklevel=3)
+
     # ------------------------------------------------------------------------------------------
     def train(
         self, eval_fn: Callable[[int, PPOTrainer], dict[str, float]] | None = None, eval_every: int = 1
@@ -277,6 +299,7 @@ class PPOTrainer:
         if dist.is_main():
             self.output_dir.mkdir(parents=True, exist_ok=True)
         if cfg.resume:
+            self._check_resume_config()
             start = load_checkpoint(self, self.output_dir)
             if dist.is_main():
                 truncate_jsonl(self.output_dir / "metrics.jsonl", start)

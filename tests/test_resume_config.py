@@ -1,0 +1,51 @@
+"""A resumed run continues the same experiment: the CLI reads the run's own config.yaml, and settings
+that would change the experiment are refused with the fields named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from trainer_helpers import count_sevens, tiny_config
+
+from ppo_lm.cli import main
+from ppo_lm.trainer.config_io import ConfigError
+from ppo_lm.trainer.ppo import PPOTrainer
+
+TINY = ["--model.builtin-hidden-size", "32", "--rollout.num-prompts", "8", "--rollout.max-new-tokens", "4",
+        "--optim.epochs", "1", "--data.builtin-num-prompts", "64", "--seed", "3",
+        "--log.save-every", "1", "--log.no-progress", "--log.no-tensorboard"]
+
+
+def test_cli_resume_reads_the_runs_own_settings(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert main(["train", "--output-dir", out, "--iterations", "1", *TINY]) == 0
+    # the README's "continue up to N": no other flag repeated
+    assert main(["train", "--output-dir", out, "--iterations", "2", "--resume", "--threads", "1"]) == 0
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["iterations"] == 2 and saved["seed"] == 3
+    assert saved["model"]["builtin_hidden_size"] == 32 and saved["rollout"]["num_prompts"] == 8
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2]
+    # a flag that changes the experiment is refused, naming it
+    capsys.readouterr()
+    assert main(["train", "--output-dir", out, "--iterations", "3", "--resume", "--rollout.num-prompts", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.num_prompts: 16 here, 8 in the run" in err
+
+
+def test_resume_with_a_different_experiment_is_refused(tmp_path):
+    PPOTrainer(tiny_config(tmp_path, iterations=1, log__save_every=1), verifier=count_sevens).train()
+    cfg = tiny_config(tmp_path, iterations=2, resume=True, algo__clip_eps=0.3, log__save_every=1)
+    cfg.model.cpu_lanes = 1  # a speed setting may change
+    with pytest.raises(ConfigError, match=r"algo\.clip_eps: 0\.3 here, 0\.2 in the run"):
+        PPOTrainer(cfg, verifier=count_sevens).train()
+
+
+def test_extending_a_decaying_schedule_warns(tmp_path):
+    PPOTrainer(tiny_config(tmp_path, iterations=1, log__save_every=1, optim__schedule="linear"),
+               verifier=count_sevens).train()
+    cfg = tiny_config(tmp_path, iterations=2, resume=True, log__save_every=1, optim__schedule="linear")
+    with pytest.warns(UserWarning, match="schedule over 1 iterations"):
+        PPOTrainer(cfg, verifier=count_sevens).train()
