@@ -71,15 +71,15 @@ class DemoConfig:
 def _preference_pairs_from_policy(lm, tok, rows, samples: int, seed: int, max_new_tokens: int) -> list[dict]:
     """Pairs (correct over incorrect) from the policy's own samples, labelled by the verifier."""
     from .rollout.sampling import SamplingParams, generate
+    from .rollout.text import encode_prompts, response_texts
     from .tasks.equations import verify
 
     prompts = [r["prompt"] for r in rows for _ in range(samples)]
     answers = [r["answer"] for r in rows for _ in range(samples)]
-    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    ids, mask = encode_prompts(tok, prompts)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
-    gen = generate(lm, enc["input_ids"], enc["attention_mask"], params, pad_token_id=tok.pad_token_id,
-                   generator=torch.Generator().manual_seed(seed))
-    texts = tok.batch_decode([r[m].tolist() for r, m in zip(gen.responses, gen.mask)], skip_special_tokens=True)
+    gen = generate(lm, ids, mask, params, pad_token_id=tok.pad_token_id, generator=torch.Generator().manual_seed(seed))
+    texts = response_texts(tok, gen)
     scores = verify(prompts, texts, answer=answers)
     rng = random.Random(seed)
     pairs = []

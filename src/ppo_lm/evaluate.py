@@ -7,6 +7,7 @@ from torch import nn
 
 from .rollout.reward import Verifier, score_with_verifier
 from .rollout.sampling import SamplingParams, generate
+from .rollout.text import encode_prompts, response_texts
 
 
 @torch.no_grad()
@@ -30,10 +31,9 @@ def greedy_eval(
     for i in range(0, len(rows), batch_size):
         chunk = rows[i : i + batch_size]
         prompts = [r[prompt_column] for r in chunk]
-        enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-        gen = generate(lm, enc["input_ids"].to(device), enc["attention_mask"].to(device), params,
-                       pad_token_id=tokenizer.pad_token_id)
-        texts = tokenizer.batch_decode([r[m].tolist() for r, m in zip(gen.responses, gen.mask)], skip_special_tokens=True)
+        ids, mask = encode_prompts(tokenizer, prompts)
+        gen = generate(lm, ids.to(device), mask.to(device), params, pad_token_id=tokenizer.pad_token_id)
+        texts = response_texts(tokenizer, gen)
         columns = {k: [r[k] for r in chunk] for k in chunk[0] if k != prompt_column}
         scores += score_with_verifier(verifier, prompts, texts, columns).tolist()
         responses += texts

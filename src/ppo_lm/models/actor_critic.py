@@ -50,6 +50,47 @@ def _hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, keep_fro
     return out.last_hidden_state[:, keep_from:]
 
 
+def output_logits(lm: nn.Module, h: Tensor) -> Tensor:
+    """The causal LM's logits for final hidden states ``h`` (…, d): its output embeddings, then the
+    scaling some architectures apply in their forward (Granite ``logits_scaling``, Cohere
+    ``logit_scale``, Gemma 2/3 ``final_logit_softcapping``)."""
+    logits = lean.head(lm.get_output_embeddings(), h)
+    cfg = lm.config
+    if getattr(cfg, "logits_scaling", None):
+        logits = logits / cfg.logits_scaling
+    if str(getattr(cfg, "model_type", "")).startswith("cohere") and getattr(cfg, "logit_scale", None) is not None:
+        logits = logits * cfg.logit_scale
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def check_output_head(lm: nn.Module) -> None:
+    """Raise ``ValueError`` unless :func:`output_logits` on the body's hidden states reproduces the
+    model's own logits (probed on 4 tokens): an architecture whose forward changes its logits in a
+    way ppo-lm does not know would otherwise train on log-probs of another distribution than the one
+    it samples. Qwen2/Llama bodies (the lean forward) need no probe."""
+    body = trunk(lm)
+    if lean.supported(body) or any(p.is_meta for p in lm.parameters()):
+        return
+    device = next(lm.parameters()).device
+    vocab = lm.get_output_embeddings().weight.shape[0]
+    ids = (torch.arange(4, device=device) % max(vocab - 1, 1) + 1).unsqueeze(0)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        theirs = lm(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+        ours = output_logits(lm, _hidden(body, ids, mask)).float()
+    err = float((ours - theirs).abs().max())
+    if not err <= 1e-2 * (1.0 + float(theirs.abs().max())):
+        raise ValueError(
+            f"{type(lm).__name__}: its logits are not its output embeddings applied to its last hidden "
+            f"states (max difference {err:.3g} on a probe), a transform ppo-lm does not reproduce, so its "
+            "log-probs would be wrong; supported: plain heads, Granite logits_scaling, Cohere logit_scale, "
+            "Gemma 2/3 final_logit_softcapping"
+        )
+
+
 class PolicyModel(nn.Module):
     """A causal LM as a policy, optionally with a value head on its trunk (shared-body critic).
 
@@ -59,6 +100,7 @@ class PolicyModel(nn.Module):
 
     def __init__(self, lm: nn.Module, *, value_head: nn.Linear | None = None, value_grad_scale: float = 1.0):
         super().__init__()
+        check_output_head(lm)
         self.lm = lm
         self.value_head = value_head
         self.value_grad_scale = float(value_grad_scale)
@@ -81,9 +123,10 @@ class PolicyModel(nn.Module):
         hidden = _hidden(trunk(self.lm), input_ids, attention_mask, P - 1)  # contexts x_0 … x_T
         h = hidden[:, :-1]  # contexts x_0 … x_{T-1}
         labels = input_ids[:, P:]
-        logits = lean.head(self.lm.get_output_embeddings(), h)
+        logits = output_logits(self.lm, h)
         if temperature != 1.0:
-            logits = logits / temperature
+            # in fp32, as the sampler divides: a bf16 quotient would be rounded a second time
+            logits = logits.float() / temperature
         out: dict[str, Tensor] = {}
         if with_entropy and entropy_grad:
             out["entropy"], out["logp"] = entropy_and_logprobs(logits, labels)

@@ -17,6 +17,7 @@ from ..models.sharding import frozen_mode, gathered
 from .batch import RolloutBatch, length_groups
 from .reward import Verifier, score_with_model, score_with_verifier
 from .sampling import SamplingParams, generate
+from .text import encode_prompts, response_texts
 
 
 @dataclass
@@ -28,10 +29,6 @@ class RolloutModels:
     reward_model: nn.Module | None = None
     verifier: Verifier | None = None
     gold_verifier: Verifier | None = None  # scored for monitoring only
-
-
-def _strip_special(tokenizer, ids: Tensor, mask: Tensor) -> list[str]:
-    return tokenizer.batch_decode([row[m].tolist() for row, m in zip(ids, mask)], skip_special_tokens=True)
 
 
 def collect_rollout(
@@ -61,8 +58,7 @@ def collect_rollout(
     """
     timings = timings if timings is not None else {}
     prompts = [row[prompt_column] for row in prompt_rows for _ in range(samples_per_prompt)]
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    prompt_ids, prompt_mask = (t.to(device) for t in encode_prompts(tokenizer, prompts))
     B, P = prompt_ids.shape
 
     t0 = time.perf_counter()
@@ -121,7 +117,7 @@ def collect_rollout(
         lanes.run([partial(score_rows, r, w) for r in lanes.shares(rows, P + w, hidden_size(models.policy.lm))])
     logp_ref = logp_ref.clone()  # leave inference mode: these tensors are used next to autograd ones
 
-    responses_text = _strip_special(tokenizer, gen.responses, gen.mask)
+    responses_text = response_texts(tokenizer, gen)
     columns = {k: [row[k] for row in prompt_rows for _ in range(samples_per_prompt)]
                for k in prompt_rows[0] if k != prompt_column}
     if models.reward_model is None:

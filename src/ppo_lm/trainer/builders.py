@@ -206,7 +206,7 @@ def load_prompt_rows(cfg: DataConfig, tokenizer, *, max_prompt_tokens: int, seed
     bad = [i for i, r in enumerate(rows) if not isinstance(r[cfg.prompt_column], str) or not r[cfg.prompt_column]]
     if bad:
         raise ConfigError(f"`data.prompts`: row {bad[0]} has an empty or non-text `{cfg.prompt_column}`")
-    lengths = [len(ids) for ids in tokenizer([r[cfg.prompt_column] for r in rows], add_special_tokens=False)["input_ids"]]
+    lengths = [len(ids) for ids in tokenizer([r[cfg.prompt_column] for r in rows])["input_ids"]]  # as the rollout encodes
     longest = max(range(len(rows)), key=lengths.__getitem__)
     if lengths[longest] > max_prompt_tokens:
         raise ConfigError(
