@@ -287,3 +287,12 @@ def test_stage_commands_report_bad_input_without_a_traceback(tmp_path, capsys, a
     assert main([*argv, "--output-dir", str(tmp_path / "out"), "--builtin-hidden-size", "32"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_non_text_cells_are_named():
+    from ppo_lm.stages.data import InputError, load_rows
+
+    with pytest.raises(InputError, match="row 1 of in-memory rows has a int in column 'response', not text"):
+        load_rows([{"prompt": "a", "response": "b"}, {"prompt": "a", "response": 1}], ("prompt", "response"))
+    with pytest.raises(InputError, match="NoneType in column 'prompt'"):
+        load_rows([{"prompt": None, "response": "b"}], ("prompt", "response"))

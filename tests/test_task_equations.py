@@ -221,3 +221,16 @@ def test_build_tiny_policy_is_seeded_and_generates(tok):
         eos_token_id=tok.eos_token_id,
     )
     assert out.shape[0] == 2 and out.shape[1] <= batch["input_ids"].shape[1] + 5
+
+
+@pytest.mark.parametrize("prompt", ["Solve 2x+3=11+1", "Solve 2x+3=11.5", "Solve 2x+3=11x", "Solve 2x+3=11=9",
+                                    "Solve 2x+3=-1-4", "Solve 2x+3=11 * 2"])
+def test_a_right_hand_side_that_goes_on_is_not_an_equation(prompt):
+    """The verifier must not score x=4 correct for 2x+3 = 11+1: such prompts fail loudly."""
+    with pytest.raises(ValueError, match="no linear equation"):
+        parse_equation(prompt)
+
+
+@pytest.mark.parametrize("prompt", ["Solve 2x+3=11\n", "Solve 2x+3=11.", "Solve 2x+3=11 for x", "Solve 2x + 3 = 11"])
+def test_an_equation_may_be_followed_by_words(prompt):
+    assert parse_equation(prompt) == (2, 3, 11)

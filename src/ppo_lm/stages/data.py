@@ -70,8 +70,9 @@ def load_rows(
     """Rows as a list of dicts from a list, a ``.jsonl``/``.json`` lines file, a ``.parquet`` file or
     a directory written by ``datasets.Dataset.save_to_disk``.
 
-    Raises ``ValueError`` for a missing path, an unknown extension, an empty dataset, or a row that
-    lacks one of ``required_columns`` (the message lists the columns that were found). ``name`` says
+    Raises :class:`InputError` for a missing path, an unknown extension, an empty dataset, or a row that
+    lacks one of ``required_columns`` (the message lists the columns that were found) or holds
+    something other than text in one of them. ``name`` says
     which dataset it is in error messages (e.g. ``"sft data"``).
     """
     required = list(required_columns)
@@ -110,6 +111,10 @@ def load_rows(
             raise InputError(
                 f"{name}: row {i} of {source} lacks column(s) {missing}; columns found: {sorted(row.keys())}"
             )
+        not_text = [c for c in required if not isinstance(row[c], str)]
+        if not_text:
+            c = not_text[0]
+            raise InputError(f"{name}: row {i} of {source} has a {type(row[c]).__name__} in column {c!r}, not text")
     return rows
 
 

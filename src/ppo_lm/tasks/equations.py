@@ -37,7 +37,9 @@ CHARACTERS = string.digits + string.ascii_letters + " +-*/=().,:;?!'\"\n"
 
 SPLITS = ("train", "heldout")
 
-_EQUATION_RE = re.compile(r"Solve\s*(-?\d*)x\s*(?:([+-])\s*(\d+))?\s*=\s*(-?\d+)")
+# The right-hand side must end there: "=11+1", "=11.5", "=11x" or "=11=9" are not "= 11" (a prompt may
+# go on with words: "=11 for x.").
+_EQUATION_RE = re.compile(r"Solve\s*(-?\d*)x\s*(?:([+-])\s*(\d+))?\s*=\s*(-?\d+)(?!\.\d|\w|\s*[=+\-*/^(])")
 
 
 @dataclass(frozen=True)
