@@ -91,3 +91,27 @@ def test_bf16_temperature_divides_in_fp32():
     m = mask[:, P:].bool()
     assert float((rounded - ref).abs()[m].max()) > 1e-3, "bf16 rounding must matter for the test to mean anything"
     assert float((logp - ref).abs()[m].max()) < 1e-5
+
+
+def test_a_critic_from_the_reward_model_starts_on_the_rewards_scale():
+    """PPO's rewards are the reward model's normalised scores (raw − mean)/std; a critic initialised
+    from it must predict that, not the raw score, at the scored (last) position."""
+    from transformers import Qwen2ForSequenceClassification
+
+    from ppo_lm.models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, sequence_scores
+    from ppo_lm.trainer.builders import build_critic
+    from ppo_lm.trainer.config import ModelConfig
+
+    torch.manual_seed(0)
+    policy = AutoModelForCausalLM.from_config(Qwen2Config(**SMALL)).eval()
+    rm = Qwen2ForSequenceClassification(Qwen2Config(**SMALL, num_labels=1)).eval()
+    setattr(rm.config, REWARD_MEAN_KEY, 0.7)
+    setattr(rm.config, REWARD_STD_KEY, 0.25)
+    critic = build_critic(ModelConfig(), policy, rm).eval()
+    ids, mask, P = _batch()
+    mask = torch.ones_like(mask)  # full rows: the last position is the scored one
+    with torch.no_grad():
+        values = critic(ids, mask, P)  # (B, T + 1): the last column is V after the whole sequence
+        scores = sequence_scores(rm, ids, mask, torch.full((ids.shape[0],), ids.shape[1] - 1))
+    assert float(scores.abs().max()) > 1.0  # normalising moves them visibly
+    torch.testing.assert_close(values[:, -1], scores, atol=1e-5, rtol=1e-5)

@@ -296,3 +296,11 @@ def test_non_text_cells_are_named():
         load_rows([{"prompt": "a", "response": "b"}, {"prompt": "a", "response": 1}], ("prompt", "response"))
     with pytest.raises(InputError, match="NoneType in column 'prompt'"):
         load_rows([{"prompt": None, "response": "b"}], ("prompt", "response"))
+
+
+def test_split_rows_keeps_a_prompts_rows_together():
+    """Repeated prompts (the built-in demonstrations draw with replacement) must not straddle the split."""
+    rows = [{"prompt": f"p{i % 30}", "response": str(i)} for i in range(120)]
+    train, held = split_rows(rows, 0.2, seed=1)
+    assert {r["prompt"] for r in train}.isdisjoint({r["prompt"] for r in held})
+    assert 20 <= len(held) <= 28 and len(train) + len(held) == 120

@@ -168,3 +168,20 @@ def test_outputs_written(tmp_path):
     samples = (tmp_path / "samples.jsonl").read_text().splitlines()
     assert len(samples) == 6 and {"prompt", "response", "score"} <= set(json.loads(samples[0]))
     assert (tmp_path / "config.yaml").is_file()
+
+
+def test_resume_reads_a_checkpoint_split_into_several_files(tmp_path):
+    """transformers splits big models into model-0000k-of-0000n.safetensors plus an index; resuming
+    must read those as it reads one file."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    PPOTrainer(tiny_config(tmp_path, iterations=1, log__save_every=1), verifier=count_sevens).train()
+    _, path = latest_checkpoint(tmp_path)
+    for sub, cls in (("policy", AutoModelForCausalLM), ("critic", AutoModelForTokenClassification)):
+        model = cls.from_pretrained(path / sub)
+        (path / sub / "model.safetensors").unlink()
+        model.save_pretrained(path / sub, max_shard_size="20KB")
+        assert (path / sub / "model.safetensors.index.json").is_file()
+    tr = PPOTrainer(tiny_config(tmp_path, iterations=2, resume=True, log__save_every=1), verifier=count_sevens)
+    tr.train()
+    assert [r["iteration"] for r in _metrics(tmp_path)] == [1, 2]

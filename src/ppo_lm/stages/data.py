@@ -118,22 +118,32 @@ def load_rows(
     return rows
 
 
-def split_rows(rows: Sequence[dict], heldout_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """Shuffle deterministically and cut off ``heldout_fraction`` (at least one row when > 0).
+def split_rows(rows: Sequence[dict], heldout_fraction: float, seed: int,
+               group_by: str | None = "prompt") -> tuple[list[dict], list[dict]]:
+    """Shuffle deterministically and cut off about ``heldout_fraction`` of the rows (at least one
+    when > 0), whole groups at a time: rows that share ``group_by`` (the prompt; None: every row is
+    its own group) all land on the same side, so held-out prompts are never trained on (datasets
+    such as the built-in demonstrations repeat prompts).
 
     Returns ``(train, heldout)``; ``heldout`` is empty when ``heldout_fraction`` is 0. At least one
     training row is always kept.
     """
     if not 0.0 <= heldout_fraction < 1.0:
         raise InputError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
-    order = list(range(len(rows)))
+    groups: dict[object, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(row.get(group_by, i) if group_by is not None else i, []).append(i)
+    order = list(groups.values())
     random.Random(seed).shuffle(order)
-    n_held = 0
-    if heldout_fraction > 0 and len(rows) > 1:
-        n_held = min(len(rows) - 1, max(1, round(heldout_fraction * len(rows))))
-    held = [rows[i] for i in order[:n_held]]
-    train = [rows[i] for i in order[n_held:]]
-    return train, held
+    held_idx: list[int] = []
+    if heldout_fraction > 0 and len(order) > 1:
+        target = max(1, round(heldout_fraction * len(rows)))
+        for members in order[:-1]:  # the last group always trains
+            if len(held_idx) >= target:
+                break
+            held_idx += members
+    held_set = set(held_idx)
+    return [rows[i] for i in range(len(rows)) if i not in held_set], [rows[i] for i in sorted(held_set)]
 
 
 # ----------------------------------------------------------------------------------------------

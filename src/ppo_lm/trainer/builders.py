@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..models.actor_critic import CriticModel, PolicyModel
+from ..models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, CriticModel, PolicyModel
 from ..models.hf_compat import disable_dropout, load_tokenizer, scalar_head, trunk
 from ..rollout.reward import load_verifier
 from .config import DataConfig, ModelConfig, TrainConfig
@@ -160,12 +160,21 @@ def build_critic(cfg: ModelConfig, policy_lm: nn.Module, reward_model: nn.Module
         trunk(model).load_state_dict(trunk(donor).state_dict())
         head = scalar_head(model)
         with torch.no_grad():
-            if source == "reward":
-                head.weight.copy_(scalar_head(reward_model).weight)
-            else:
-                head.weight.zero_()  # V ≡ 0 at the start: no arbitrary initial value estimates
             if head.bias is not None:
                 head.bias.zero_()
+            if source == "reward":
+                # V starts as the reward model's score on the same scale PPO's rewards use: the rollout
+                # normalises scores to (raw − mean)/std with the statistics saved with the model.
+                rm_head = scalar_head(reward_model)
+                mean = getattr(reward_model.config, REWARD_MEAN_KEY, None)
+                std = getattr(reward_model.config, REWARD_STD_KEY, None)
+                mean, std = (0.0, 1.0) if mean is None or std is None else (float(mean), float(std))
+                head.weight.copy_(rm_head.weight / std)
+                bias = float(rm_head.bias) if rm_head.bias is not None else 0.0
+                if head.bias is not None:
+                    head.bias.fill_((bias - mean) / std)
+            else:
+                head.weight.zero_()  # V ≡ 0 at the start: no arbitrary initial value estimates
     model.requires_grad_(True)
     disable_dropout(model)
     return CriticModel(model)

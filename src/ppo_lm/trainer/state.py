@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -82,6 +83,21 @@ def save_checkpoint(tr: PPOTrainer, output_dir: Path, iteration: int) -> Path | 
     return final
 
 
+def _load_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a ``save_pretrained`` directory: its ``model.safetensors``, or the shards that
+    ``model.safetensors.index.json`` lists (transformers splits big models into several files)."""
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return load_file(str(single))
+    index = directory / "model.safetensors.index.json"
+    if not index.is_file():
+        raise ConfigError(f"checkpoint directory {directory} has no model.safetensors nor model.safetensors.index.json")
+    weights: dict[str, torch.Tensor] = {}
+    for name in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        weights.update(load_file(str(directory / name)))
+    return weights
+
+
 def load_checkpoint(tr: PPOTrainer, output_dir: Path) -> int:
     """Restore the latest checkpoint under ``output_dir``; returns its iteration (0 if none)."""
     found = ckpt.latest_checkpoint(output_dir)
@@ -97,7 +113,7 @@ def load_checkpoint(tr: PPOTrainer, output_dir: Path) -> int:
     fsdp = sharding.is_sharded(tr.policy)
     if st.get("fsdp", False) != fsdp:
         raise ConfigError(f"checkpoint {path} was written with model.fsdp={st.get('fsdp')}; resume with the same")
-    policy_sd = load_file(str(path / "policy" / "model.safetensors"))
+    policy_sd = _load_weights(path / "policy")
     _check_keys(tr.policy.lm, policy_sd, "policy")
     full = {f"lm.{k}": v for k, v in policy_sd.items()}
     if tr.policy.value_head is not None:
@@ -106,7 +122,7 @@ def load_checkpoint(tr: PPOTrainer, output_dir: Path) -> int:
     if tr.critic is not None:
         if not (path / "critic").is_dir():
             raise ConfigError(f"checkpoint {path} has no critic but this run uses a separate critic")
-        critic_sd = load_file(str(path / "critic" / "model.safetensors"))
+        critic_sd = _load_weights(path / "critic")
         _check_keys(tr.critic.model, critic_sd, "critic")
         critic_full = {f"model.{k}": v for k, v in critic_sd.items()}
     u = tr.update_ctx
