@@ -175,15 +175,24 @@ def test_scoring_with_two_lanes_equals_one_lane(tmp_path, critic, reward_model):
         assert torch.allclose(getattr(b1, name), getattr(b2, name), atol=1e-5, rtol=0), name
 
 
-def test_gradient_checkpointing_keeps_one_lane(tmp_path):
-    """Checkpointed models back-propagate with .backward() on one lane (autograd.grad would not do)."""
+def test_gradient_checkpointing_keeps_one_lane(tmp_path, monkeypatch):
+    """Checkpointed models back-propagate with .backward() on one lane (autograd.grad would not do),
+    and checkpointing really runs in the update (transformers needs training mode for it)."""
     from ppo_lm.trainer import builders
 
     cfg = tiny_config(tmp_path, threads=2, model__cpu_lanes=2)
     policy = builders.build_policy(cfg, builders.build_tokenizer(cfg.model))
     enable = getattr(policy, "activation_checkpointing_enable", None) or policy.gradient_checkpointing_enable
     enable()  # (transformers 5 renamed it)
+    calls = []
+    for m in policy.modules():  # count the checkpoint calls each layer makes
+        real = vars(m).get("_gradient_checkpointing_func")
+        if real is not None:
+            monkeypatch.setattr(m, "_gradient_checkpointing_func",
+                                lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k), raising=False)
     tr = PPOTrainer(cfg, policy=policy, verifier=length_reward)
     assert tr.update_ctx.lanes.lanes == 1
     assert _trainer(tmp_path, 2).update_ctx.lanes.lanes == 2
     tr.train_iteration(1)
+    assert calls
+    assert not tr.policy.lm.training  # back in eval mode for the next rollout

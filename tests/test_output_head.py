@@ -115,3 +115,20 @@ def test_a_critic_from_the_reward_model_starts_on_the_rewards_scale():
         scores = sequence_scores(rm, ids, mask, torch.full((ids.shape[0],), ids.shape[1] - 1))
     assert float(scores.abs().max()) > 1.0  # normalising moves them visibly
     torch.testing.assert_close(values[:, -1], scores, atol=1e-5, rtol=1e-5)
+
+
+def test_no_dropout_left_in_training_mode():
+    """Gradient checkpointing needs training mode; with dropout disabled it must compute what eval
+    mode computes, attention dropout (read at forward time) included."""
+    from ppo_lm.models.hf_compat import disable_dropout
+
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_config(Qwen2Config(**SMALL, attention_dropout=0.5),
+                                          attn_implementation="eager")
+    disable_dropout(lm)
+    ids, mask, _ = _batch()
+    with torch.no_grad():
+        evaluated = lm(input_ids=ids, attention_mask=mask).logits
+        lm.train()
+        trained = lm(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(evaluated, trained)

@@ -37,7 +37,8 @@ def _parse(cls: type, argv: list[str], prog: str, description: str, *, resumable
     try:
         default = load_yaml(source, cls) if source else cls()
     except ConfigError as e:
-        raise SystemExit(f"ppo-lm: error: {e}") from None
+        print(f"ppo-lm: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None  # like every other usage or config error
     return tyro.cli(cls, args=rest, default=default, prog=prog, description=description + "\n\n--config FILE.yaml  "
                     "YAML file whose values override the defaults (flags override the file)")
 

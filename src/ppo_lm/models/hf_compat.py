@@ -49,10 +49,15 @@ def scalar_head(model: nn.Module) -> nn.Linear:
 
 
 def disable_dropout(model: nn.Module) -> None:
-    """PPO needs identical numerics in rollout and update: no dropout anywhere."""
+    """PPO needs identical numerics in rollout and update: no dropout anywhere — the ``nn.Dropout``
+    modules and the attention dropout rates that attention modules read at forward time in training
+    mode — so that training mode (which gradient checkpointing needs) computes what eval mode does."""
     for m in model.modules():
         if isinstance(m, nn.Dropout):
             m.p = 0.0
+        for name in ("attention_dropout", "attn_dropout", "dropout"):
+            if isinstance(getattr(m, name, None), float):
+                setattr(m, name, 0.0)
     model.eval()
 
 

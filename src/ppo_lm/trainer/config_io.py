@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -103,14 +104,27 @@ def from_dict(cls: type[C], data: dict[str, Any] | None, *, prefix: str = "", ba
     return obj
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads ``1e-4`` (an exponent, no dot) as a string; read it as a number, as YAML 1.2 and
+    Python do — learning rates are written that way."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                              list("-+0123456789."))
+
+
 def load_yaml(path: str | Path, cls: type[C]) -> C:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_Loader) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {p} is not a text (UTF-8) file") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping of sections, got a {type(data).__name__}")
     return from_dict(cls, data)
 
 

@@ -38,7 +38,7 @@ from .config import TrainConfig
 from .config_io import ConfigError, dump_yaml, load_saved_config, resume_differences
 from .metrics_log import MetricsLogger, truncate_jsonl
 from .state import TrainState, load_checkpoint, save_checkpoint
-from .update import UpdateContext, ppo_update
+from .update import UpdateContext, checkpointing_on, ppo_update
 from .validate import resolve_algo
 
 
@@ -201,8 +201,9 @@ class PPOTrainer:
         # 4. K epochs of minibatch updates on the fixed rollout.
         t4 = time.perf_counter()
         train_policy = iteration > cfg.optim.critic_warmup_iterations
-        upd = ppo_update(self.update_ctx, batch, self.policy_loss_fn, self.shuffle_gen, train_policy=train_policy,
-                         kl_coef=beta if a.kl_in == "loss" else 0.0, nonfinite_in_row=self.state.nonfinite_in_row)
+        with checkpointing_on(self.policy, self.critic):
+            upd = ppo_update(self.update_ctx, batch, self.policy_loss_fn, self.shuffle_gen, train_policy=train_policy,
+                             kl_coef=beta if a.kl_in == "loss" else 0.0, nonfinite_in_row=self.state.nonfinite_in_row)
         timings["update_s"] = time.perf_counter() - t4
         self.state.nonfinite_in_row = int(upd.pop("nonfinite_in_row"))
         self.state.nonfinite_total += int(upd["nonfinite_skipped"])

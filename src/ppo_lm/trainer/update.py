@@ -37,6 +37,21 @@ def _checkpointed(*models: nn.Module | None) -> bool:
                for m in model.modules())
 
 
+@contextlib.contextmanager
+def checkpointing_on(*models: nn.Module | None):
+    """transformers checkpoints activations only in training mode, and the trained models sit in
+    eval mode (:func:`~ppo_lm.models.hf_compat.disable_dropout`): switch those with gradient
+    checkpointing to training mode for the update (dropout is zeroed, so the numerics are the same)."""
+    modes = [(sub, sub.training) for m in models if m is not None and _checkpointed(m) for sub in m.modules()]
+    for sub, _ in modes:
+        sub.training = True
+    try:
+        yield
+    finally:
+        for sub, training in modes:  # each module as it was (a wrapper may differ from the model inside)
+            sub.training = training
+
+
 def _adamw(params: list[nn.Parameter], lr: float, adam: dict, *, fused: bool) -> torch.optim.Optimizer:
     """AdamW, fused into one kernel where torch has it for these parameters (CPU since torch 2.4,
     CUDA): W1's 4.5 M-parameter step takes 2 ms instead of 14 ms with the multi-tensor version.
