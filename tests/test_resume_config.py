@@ -49,3 +49,13 @@ def test_extending_a_decaying_schedule_warns(tmp_path):
     cfg = tiny_config(tmp_path, iterations=2, resume=True, log__save_every=1, optim__schedule="linear")
     with pytest.warns(UserWarning, match="schedule over 1 iterations"):
         PPOTrainer(cfg, verifier=count_sevens).train()
+
+
+def test_resume_compares_settings_as_they_run(tmp_path):
+    """An explicit value equal to what "auto" chose for the run is the same experiment."""
+    PPOTrainer(tiny_config(tmp_path, iterations=1, log__save_every=1), verifier=count_sevens).train()
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["algo"]["kl_in"] == "auto"
+    cfg = tiny_config(tmp_path, iterations=2, resume=True, log__save_every=1, algo__kl_in="reward",
+                      algo__kl_estimator="k1")
+    PPOTrainer(cfg, verifier=count_sevens).train()

@@ -172,6 +172,9 @@ def test_auto_settings_follow_the_estimator(tmp_path, estimator, kl_in, kl_estim
     tr = PPOTrainer(cfg, verifier=length_reward)
     a = tr.cfg.algo
     assert (a.kl_in, a.kl_estimator, a.loss_agg) == (kl_in, kl_estimator, loss_agg)
+    # the caller's config (and so the run's config.yaml) keeps "auto": reused with another estimator,
+    # it resolves for that one
+    assert (cfg.algo.kl_in, cfg.algo.kl_estimator, cfg.algo.loss_agg) == ("auto", "auto", "auto")
 
 
 def test_grpo_default_kl_changes_the_update(tmp_path):

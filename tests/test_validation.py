@@ -289,3 +289,23 @@ def test_start_up_checks_name_the_field(tmp_path, overrides, field):
     cfg = tiny_config(tmp_path, **overrides)
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         validate_config(cfg)
+
+
+def test_config_file_problems_exit_2_with_one_line(tmp_path, capsys):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("algo:\n  gae_lambd: 0.9\n")
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    for path, message in ((typo, "did you mean `gae_lambda`"), (binary, "not a text (UTF-8) file")):
+        with pytest.raises(SystemExit) as e:
+            main(["train", "--config", str(path)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+
+
+def test_exponents_without_a_dot_are_numbers(tmp_path):
+    f = tmp_path / "lr.yaml"
+    f.write_text("optim:\n  actor_lr: 1e-4\n  critic_lr: 5E-6\n")
+    cfg = load_yaml(f, TrainConfig)
+    assert (cfg.optim.actor_lr, cfg.optim.critic_lr) == (1e-4, 5e-6)

@@ -5,6 +5,7 @@ Read :meth:`PPOTrainer.train_iteration` first; everything else sets up or persis
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 import warnings
@@ -35,7 +36,7 @@ from ..rollout.collect import RolloutModels, collect_rollout
 from ..rollout.sampling import SamplingParams
 from . import builders
 from .config import TrainConfig
-from .config_io import ConfigError, dump_yaml, load_saved_config, resume_differences
+from .config_io import ConfigError, dump_yaml, from_dict, load_saved_config, resume_differences, to_dict
 from .metrics_log import MetricsLogger, truncate_jsonl
 from .state import TrainState, load_checkpoint, save_checkpoint
 from .update import UpdateContext, checkpointing_on, ppo_update
@@ -55,9 +56,9 @@ class PPOTrainer:
 
     def __init__(self, cfg: TrainConfig, *, policy=None, tokenizer=None, verifier=None, prompt_rows=None):
         dist.init_from_env()
-        self.cfg = cfg
         builders_validate(cfg)
-        cfg.algo = resolve_algo(cfg.algo)  # "auto" settings made concrete for the chosen estimator
+        self.config = cfg  # as given, "auto" settings included: what the run's config.yaml records
+        cfg = self.cfg = dataclasses.replace(cfg, algo=resolve_algo(cfg.algo))  # what runs
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = builders.resolve_device(cfg.model.device)
@@ -271,6 +272,11 @@ class PPOTrainer:
         saved = load_saved_config(self.output_dir / "config.yaml")
         if not saved:
             return
+        try:  # compared as run, "auto" settings resolved on both sides
+            then = from_dict(TrainConfig, saved)
+            saved = to_dict(dataclasses.replace(then, algo=resolve_algo(then.algo)))
+        except ConfigError:
+            pass  # a field that no longer exists: compare what both have
         diffs = resume_differences(self.cfg, saved)
         if diffs:
             raise ConfigError(
@@ -311,7 +317,7 @@ class PPOTrainer:
                 "or choose another --output-dir"
             )
         if dist.is_main():
-            dump_yaml(cfg, self.output_dir / "config.yaml")
+            dump_yaml(self.config, self.output_dir / "config.yaml")
         logger = MetricsLogger(self.output_dir, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
                                total=cfg.iterations) if dist.is_main() else None
         history = []
