@@ -215,3 +215,13 @@ def test_token_statistics_do_not_depend_on_micro_batching(tmp_path, agg):
     assert whole["policy_clip_frac"] > 0
     for k in ("policy_clip_frac", "approx_kl", "approx_kl_k3", "entropy", "policy_loss", "value_clip_frac"):
         assert split[k] == pytest.approx(whole[k], rel=1e-4, abs=1e-7), k
+
+
+def test_logged_learning_rate_is_the_one_the_steps_used(tmp_path):
+    """A linear decay over 2 iterations of 2 steps: the steps use 3e-3·(1, 3/4, 1/2, 1/4); each
+    iteration logs the rate of its last step (the schedule's next value, 0 at the end, was logged)."""
+    cfg = tiny_config(tmp_path, iterations=2, optim__epochs=1, optim__num_minibatches=2, optim__schedule="linear",
+                      optim__actor_lr=3e-3)
+    tr = PPOTrainer(cfg, verifier=length_reward)
+    lrs = [tr.train_iteration(i)["lr_actor"] for i in (1, 2)]
+    assert lrs == pytest.approx([3e-3 * 3 / 4, 3e-3 / 4])

@@ -225,6 +225,7 @@ def ppo_update(
     has_critic = batch.values_old is not None and ctx.critic_params
     ent_grad = a.entropy_coef > 0
     stats, skipped, in_row, max_in_row = _Stats(), 0, nonfinite_in_row, nonfinite_in_row
+    used_lr: dict[str, float] = {}
     P = batch.prompt_width
     packed = packs_sequences(ctx.policy) and (ctx.critic is None or packs_sequences(ctx.critic))
     shared_values = ctx.policy.value_head is not None and bool(has_critic)
@@ -291,15 +292,18 @@ def ppo_update(
             for step_stats, weight, tokens in mb_stats:
                 stats.add(step_stats, weight, tokens)
             stats.add(norms, 1.0)
-            # Each schedule counts its own optimiser's steps (the actor's skip the critic warm-up).
+            # Each schedule counts its own optimiser's steps (the actor's skip the critic warm-up); the
+            # logged rates are those the iteration's last steps used, read before the schedules move on.
             if train_policy:
+                used_lr["lr_actor"] = ctx.actor_opt.param_groups[0]["lr"]
                 ctx.actor_sched.step()
             if ctx.critic_sched is not None and has_critic:
+                used_lr["lr_critic"] = ctx.critic_opt.param_groups[0]["lr"]
                 ctx.critic_sched.step()
     result = stats.result()
-    result["lr_actor"] = ctx.actor_opt.param_groups[0]["lr"]
+    result["lr_actor"] = used_lr.get("lr_actor", ctx.actor_opt.param_groups[0]["lr"])
     if ctx.critic_opt is not None:
-        result["lr_critic"] = ctx.critic_opt.param_groups[0]["lr"]
+        result["lr_critic"] = used_lr.get("lr_critic", ctx.critic_opt.param_groups[0]["lr"])
     result["nonfinite_skipped"] = float(skipped)
     result["nonfinite_in_row"], result["nonfinite_max_in_row"] = float(in_row), float(max_in_row)
     return result
