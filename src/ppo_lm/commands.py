@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .stages.rm import RMConfig
@@ -21,6 +22,8 @@ class SFTCommand:
     builtin_error_rate: float = 0.3
     builtin_hidden_size: int = 64
     seed: int = 0
+    """Seeds the whole command: the built-in model and data, the held-out split and the batch order
+    (it replaces `sft.seed`)."""
     threads: int = 0
     sft: SFTConfig = field(default_factory=SFTConfig)
 
@@ -36,6 +39,8 @@ class RMCommand:
     builtin_pairs: int = 2000
     builtin_hidden_size: int = 64
     seed: int = 0
+    """Seeds the whole command: the built-in model and pairs, the held-out split and the batch order
+    (it replaces `rm.seed`)."""
     threads: int = 0
     rm: RMConfig = field(default_factory=RMConfig)
 
@@ -66,7 +71,8 @@ def run_sft(c: SFTCommand) -> dict:
     model, tok = _model_and_tokenizer(c.model, c.seed, c.builtin_hidden_size)
     rows = sft_demonstrations(c.builtin_demos, seed=c.seed, error_rate=c.builtin_error_rate) \
         if c.data == "builtin:equations" else c.data
-    metrics = train_sft(model, tok, rows, c.sft, output_dir=c.output_dir, eval_rows=c.eval_data)
+    metrics = train_sft(model, tok, rows, replace(c.sft, seed=c.seed), output_dir=c.output_dir,
+                        eval_rows=c.eval_data)
     print(f"held-out loss {metrics['heldout_loss_before']:.4f} → {metrics['heldout_loss_after']:.4f}; "
           f"saved to {c.output_dir}")
     return metrics
@@ -83,7 +89,8 @@ def run_rm(c: RMCommand) -> dict:
     lm, tok = _model_and_tokenizer(c.model, c.seed, c.builtin_hidden_size)
     rm = build_reward_model_from_policy_config(lm.config, causal_lm=lm, pad_token_id=tok.pad_token_id, seed=c.seed)
     rows = preference_pairs(c.builtin_pairs, seed=c.seed) if c.data == "builtin:equations" else c.data
-    metrics = train_reward_model(rm, tok, rows, c.rm, output_dir=c.output_dir, eval_rows=c.eval_data)
+    metrics = train_reward_model(rm, tok, rows, replace(c.rm, seed=c.seed), output_dir=c.output_dir,
+                                 eval_rows=c.eval_data)
     print(f"held-out pairwise accuracy {metrics['heldout_accuracy_before']:.3f} → "
           f"{metrics['heldout_accuracy_after']:.3f}; saved to {c.output_dir}")
     return metrics
@@ -114,7 +121,7 @@ def cmd_plot(argv: list[str]) -> int:
     a = p.parse_args(argv)
     metrics = Path(a.run_dir) / "metrics.jsonl"
     if not metrics.is_file():
-        print(f"ppo-lm: error: {metrics} not found", flush=True)
+        print(f"ppo-lm: error: {metrics} not found", file=sys.stderr)
         return 2
     out = plot_run(metrics, a.out or Path(a.run_dir) / "diagnostics.png")
     print(out)

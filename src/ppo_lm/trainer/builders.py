@@ -133,7 +133,9 @@ def build_gold_verifier(cfg: ModelConfig):
     try:
         return load_verifier(cfg.gold_reward)
     except ValueError as e:
-        raise ConfigError(str(e).replace("model.reward", "model.gold_reward")) from None
+        # gold_reward takes verifiers only (a reward model is not a gold standard)
+        raise ConfigError(str(e).replace("model.reward", "model.gold_reward")
+                          .replace(", a reward-model path, or", " or")) from None
 
 
 def build_critic(cfg: ModelConfig, policy_lm: nn.Module, reward_model: nn.Module | None) -> CriticModel:
