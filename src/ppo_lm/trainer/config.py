@@ -33,8 +33,12 @@ class ModelConfig:
     value_grad_scale: float = 1.0
     """Shared critic only: scale of the value-loss gradient that reaches the trunk (0 = head only)."""
     builtin_hidden_size: int = 64
+    """Built-in model only (policy 'builtin'): hidden size; its MLP is 4× as wide. Must be a
+    multiple of 2 × builtin_heads (RoPE halves each head)."""
     builtin_layers: int = 2
+    """Built-in model only: number of transformer layers."""
     builtin_heads: int = 4
+    """Built-in model only: attention heads (as many key/value heads)."""
     fsdp: bool = False
     """Under torchrun: shard policy and critic (parameters, gradients, optimiser state) and the frozen
     reference and reward model with FSDP2 `fully_shard` instead of replicating them (DDP). Ignored in
@@ -52,6 +56,8 @@ class ModelConfig:
     gradients are summed (W1 on 2 cores: ≈ 8 % faster per iteration, peak RSS +130 MB for the second
     thread's malloc arena). 1 = one thread. Ignored on GPUs and under torchrun."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weight dtype of the policy (and its frozen reference), a reward-model checkpoint and the separate
+    critic, as the trainer builds or loads them."""
     device: str = "auto"
     """'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu', 'cuda', …"""
 
@@ -61,9 +67,13 @@ class DataConfig:
     prompts: str = "builtin:equations"
     """'builtin:equations', or a JSONL/Parquet file or saved `datasets` directory with a prompt column."""
     prompt_column: str = "prompt"
+    """Column of `data.prompts` that holds the prompt text; the other columns reach a verifier as keyword
+    arguments. Must be 'prompt' with the built-in prompts."""
     builtin_num_prompts: int = 2000
     """Size of the built-in training prompt set."""
     shuffle: bool = True
+    """Visit the prompts in a fresh permutation on each pass over the data (seeded by `seed` and the pass,
+    so a resumed run sees the same prompts); False = dataset order."""
 
 
 @dataclass
@@ -71,13 +81,23 @@ class RolloutConfig:
     num_prompts: int = 32
     """Prompts per iteration over all ranks; each is sampled ``samples_per_prompt`` times."""
     samples_per_prompt: int = 1
+    """Responses sampled per prompt: the group of grpo, dr_grpo and rloo (which need >= 2). An iteration
+    has num_prompts × samples_per_prompt episodes."""
     max_new_tokens: int = 8
+    """Response length limit in tokens; a response cut there without a stop token is truncated and
+    bootstraps from V (SPEC §1.3). Also the constant divisor of seq-mean-token-sum-norm."""
     min_new_tokens: int = 0
     """Stop tokens cannot be sampled before this many response tokens (= max_new_tokens gives
     fixed-length responses, as in the W1 benchmark)."""
     temperature: float = 1.0
+    """Sampling temperature (> 0); logp_old, logp_ref and the trained log-probs are all taken under
+    softmax(logits / temperature)."""
     top_k: int = 0
+    """Sample only among the k most likely tokens; 0 = off. Filters sampling only: the trained
+    log-probs are those of the unfiltered distribution."""
     top_p: float = 1.0
+    """Nucleus sampling: only the smallest set of most likely tokens whose probability reaches top_p, in
+    (0, 1]; 1 = off. Filters sampling only, like top_k."""
     stop_tokens: list[str] = field(default_factory=list)
     """Extra stop strings (single tokens) besides the tokenizer's EOS."""
     missing_eos_penalty: float = 0.0
@@ -93,9 +113,17 @@ class RolloutConfig:
 @dataclass
 class AlgoConfig:
     estimator: Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce++"] = "gae"
+    """Advantage estimator: 'gae' (critic; Schulman et al. 2015), or critic-free (SPEC §3): 'grpo' (Shao
+    et al. 2024), 'dr_grpo' (Liu et al. 2025), 'rloo' (Ahmadian et al. 2024), 'reinforce++' (Hu 2025)."""
     policy_loss: Literal["ppo", "pg"] = "ppo"
+    """Policy loss: 'ppo' = the clipped surrogate (Schulman et al. 2017); 'pg' = the unclipped
+    importance-weighted −ρ·Â (clip_eps, clip_eps_high and dual_clip are ignored)."""
     gamma: float = 1.0
+    """Discount γ in [0, 1] of the TD residuals/GAE (Schulman et al. 2015) and of REINFORCE++'s returns;
+    1 = undiscounted. Unused by grpo, dr_grpo and rloo."""
     gae_lambda: float = 0.95
+    """GAE's λ in [0, 1] (Schulman et al. 2015) of the advantages and the critic target, unless
+    adaptive_lambda_alpha / critic_lambda replace it; 0 = one-step TD, 1 = the sampled return. gae only."""
     critic_lambda: float | None = None
     """Decoupled GAE (VC-PPO): λ for the critic target; None = gae_lambda."""
     adaptive_lambda_alpha: float | None = None
@@ -103,6 +131,8 @@ class AlgoConfig:
     whiten_advantages: bool = True
     """Whiten GAE advantages over the global batch (critic-free estimators normalise themselves)."""
     kl_coef: float = 0.05
+    """β of the reference KL (SPEC §1.2), in the reward or as a loss term (see kl_in); the starting value
+    when adaptive (then > 0); 0 = no KL penalty."""
     kl_estimator: Literal["auto", "k1", "k2", "k3"] = "auto"
     """KL(π ‖ π_ref) per token (SPEC §1.2). auto: k1 in the reward; k3 as a loss term (unbiased and
     ≥ 0, as in GRPO; k1 as a loss has zero expected gradient on-policy)."""
@@ -113,16 +143,26 @@ class AlgoConfig:
     adaptive_kl_target: float | None = None
     """Target per-response KL for the adaptive β of Ziegler et al. 2019; None = fixed β."""
     adaptive_kl_horizon: float = 10000.0
+    """Horizon of the adaptive β (Ziegler et al. 2019), in episodes: β ← β·(1 + e·n/horizon), n = episodes
+    per iteration; must be >= n. Used only with adaptive_kl_target."""
     critic_target: Literal["shaped", "score"] = "shaped"
     """'score' trains the critic on score-only rewards (KL part excluded from its target)."""
     clip_eps: float = 0.2
+    """PPO's ε (Schulman et al. 2017): the probability ratio is clipped to [1 − ε, 1 + ε] (upper bound
+    1 + clip_eps_high when set). Must be > 0."""
     clip_eps_high: float | None = None
     """Clip-higher: upper ratio bound 1 + clip_eps_high; None = symmetric."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 for negative advantages; None = off."""
     value_clip_eps: float | None = 0.2
+    """Value clipping ε_v (SPEC §1.4), in reward units: the loss takes the larger of (V − R̂)² and
+    (clip(V, V_old ± ε_v) − R̂)²; None = unclipped."""
     vf_coef: float = 0.1
+    """c₁: weight of the value loss (SPEC §1.4). Added to the policy loss with a shared critic; with a
+    separate critic it scales that critic's own loss."""
     entropy_coef: float = 0.0
+    """c₂: weight of the entropy bonus −c₂·H[π_θ] in the policy loss (SPEC §1.4); 0 = no bonus (the
+    entropy is still logged, from the first epoch)."""
     loss_agg: Literal["auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "auto"
     """How per-token losses become one. auto: token-mean, or the estimator's own (dr_grpo:
     seq-mean-token-sum-norm, SPEC §3)."""
@@ -131,17 +171,33 @@ class AlgoConfig:
 @dataclass
 class OptimConfig:
     epochs: int = 4
+    """PPO epochs K: passes over each rollout, reshuffled into minibatches every pass (SPEC §1.4)."""
     num_minibatches: int = 2
+    """Minibatches per epoch, one optimiser step each; must divide the episodes per process
+    (num_prompts / processes × samples_per_prompt)."""
     micro_batch_size: int = 0
     """Sequences per forward/backward within a minibatch (gradient accumulation); 0 = whole minibatch."""
     actor_lr: float = 3e-4
+    """AdamW learning rate of the policy's parameters (the schedule's peak). With a shared critic the
+    trunk's value-loss gradient is also stepped at this rate."""
     critic_lr: float = 1e-3
+    """AdamW learning rate of the critic: the separate critic (body and head), or the shared critic's
+    value head."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay, for both optimisers; 0 = none."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's (β₁, β₂), for both optimisers; each in [0, 1)."""
     adam_eps: float = 1e-8
+    """AdamW's ε, for both optimisers."""
     schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Learning-rate schedule after the warm-up: constant, or cosine/linear decay to 0 at the run's last
+    optimiser step (the actor's count leaves out critic_warmup_iterations)."""
     warmup_steps: int = 0
+    """Linear learning-rate warm-up from 0, in optimiser steps (minibatch updates), for each optimiser;
+    0 = none."""
     max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this, separately for the policy's and the critic's parameters
+    (SPEC §1.4)."""
     critic_warmup_iterations: int = 0
     """The first N iterations train only the critic (policy frozen)."""
     max_nonfinite_in_row: int = 3
@@ -152,25 +208,45 @@ class OptimConfig:
 @dataclass
 class LogConfig:
     save_every: int = 10
+    """Write a checkpoint every this many iterations, and always after the last; 0 = only after the
+    last."""
     keep_last: int = 2
+    """Checkpoints kept under OUTPUT_DIR/checkpoints; older ones are deleted (>= 1)."""
     sample_every: int = 5
+    """Every this many iterations, append num_samples (prompt, response, score) rows of the rollout to
+    samples.jsonl; 0 = never."""
     num_samples: int = 4
+    """Rows each sample_every writes: the first ones of the main process's share of the rollout."""
     tensorboard: bool = True
+    """Also write the metrics to OUTPUT_DIR/tensorboard (skipped when TensorBoard is not installed)."""
     progress: bool = True
+    """Show a progress bar with score, ref_kl and value loss, redrawn once per iteration."""
 
 
 @dataclass
 class TrainConfig:
     output_dir: str = "runs/train"
+    """Directory of the run: config.yaml, metrics.jsonl, samples.jsonl, tensorboard/ and
+    checkpoints/; without --resume it must not hold a run already."""
     iterations: int = 20
     """Total iterations; with --resume, training continues up to this number."""
     seed: int = 0
+    """Seeds the built-in model and prompts, the prompt order, torch's RNG, and the sampling and
+    minibatch-shuffling generators (offset per process)."""
     resume: bool = False
+    """Continue from the latest checkpoint in output_dir, with the run's own settings (read from its
+    config.yaml when no --config is given; differing ones are an error)."""
     threads: int = 0
     """torch CPU threads; 0 = leave torch's default."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """Policy, reference, reward and critic models (SPEC §2)."""
     data: DataConfig = field(default_factory=DataConfig)
+    """Training prompts."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling of responses and their scoring (SPEC §1.1)."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Reward shaping, advantages and losses (SPEC §1.2–1.4, §3)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """Epochs, minibatches, optimisers and learning rates of the update."""
     log: LogConfig = field(default_factory=LogConfig)
+    """Checkpoints, metrics, samples and progress display."""
