@@ -304,3 +304,19 @@ def test_split_rows_keeps_a_prompts_rows_together():
     train, held = split_rows(rows, 0.2, seed=1)
     assert {r["prompt"] for r in train}.isdisjoint({r["prompt"] for r in held})
     assert 20 <= len(held) <= 28 and len(train) + len(held) == 120
+
+
+def test_stage_commands_seed_the_whole_run(monkeypatch, tmp_path):
+    """`ppo-lm sft --seed S` / `rm --seed S` also seed the held-out split and batch order."""
+    import ppo_lm.stages.rm as rm_mod
+    import ppo_lm.stages.sft as sft_mod
+    from ppo_lm.commands import RMCommand, SFTCommand, run_rm, run_sft
+
+    seen = {}
+    monkeypatch.setattr(sft_mod, "train_sft", lambda m, t, rows, cfg, **k: seen.setdefault("sft", cfg.seed) and
+                        {"heldout_loss_before": 0.0, "heldout_loss_after": 0.0})
+    monkeypatch.setattr(rm_mod, "train_reward_model", lambda m, t, rows, cfg, **k: seen.setdefault("rm", cfg.seed) and
+                        {"heldout_accuracy_before": 0.0, "heldout_accuracy_after": 0.0})
+    run_sft(SFTCommand(output_dir=str(tmp_path / "s"), seed=7, builtin_demos=8, builtin_hidden_size=32))
+    run_rm(RMCommand(output_dir=str(tmp_path / "r"), seed=7, builtin_pairs=8, builtin_hidden_size=32))
+    assert seen == {"sft": 7, "rm": 7}
