@@ -33,3 +33,18 @@ def test_truncate_keeps_rows_up_to_the_iteration(tmp_path):
     assert [json.loads(x)["iteration"] for x in path.read_text().splitlines()] == [1, 2, 3]
     atomic_write_text(path, "x\n")
     assert path.read_text() == "x\n"
+
+
+def test_rewritten_files_keep_their_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        fresh = tmp_path / "config.yaml"
+        atomic_write_text(fresh, "a: 1\n")
+        assert fresh.stat().st_mode & 0o777 == 0o644  # as open() would have made it
+        shared = tmp_path / "metrics.jsonl"
+        shared.write_text("")
+        shared.chmod(0o664)
+        atomic_write_text(shared, "{}\n")
+        assert shared.stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(old)

@@ -231,6 +231,7 @@ def test_a_right_hand_side_that_goes_on_is_not_an_equation(prompt):
         parse_equation(prompt)
 
 
-@pytest.mark.parametrize("prompt", ["Solve 2x+3=11\n", "Solve 2x+3=11.", "Solve 2x+3=11 for x", "Solve 2x + 3 = 11"])
+@pytest.mark.parametrize("prompt", ["Solve 2x+3=11\n", "Solve 2x+3=11.", "Solve 2x+3=11 for x", "Solve 2x + 3 = 11",
+                                    "Solve 2x+3=11\n- answer as x=N", "Solve 2x+3=11\n(answer with x=N)"])
 def test_an_equation_may_be_followed_by_words(prompt):
     assert parse_equation(prompt) == (2, 3, 11)

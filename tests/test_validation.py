@@ -280,8 +280,6 @@ def test_prompt_rows_must_share_their_columns(tmp_path):
     ({"model__builtin_hidden_size": 30}, "model.builtin_hidden_size"),
     ({"model__builtin_heads": 0}, "model.builtin_heads"),
     ({"model__builtin_layers": 0}, "model.builtin_layers"),
-    ({"data__builtin_num_prompts": 0}, "data.builtin_num_prompts"),
-    ({"data__prompt_column": "question"}, "data.prompt_column"),
     ({"algo__adaptive_kl_target": 1.0, "algo__adaptive_kl_horizon": 1.0}, "algo.adaptive_kl_horizon"),
     ({"algo__adaptive_kl_target": 1.0, "algo__kl_coef": 0.0}, "algo.kl_coef"),
 ])
@@ -309,3 +307,20 @@ def test_exponents_without_a_dot_are_numbers(tmp_path):
     f.write_text("optim:\n  actor_lr: 1e-4\n  critic_lr: 5E-6\n")
     cfg = load_yaml(f, TrainConfig)
     assert (cfg.optim.actor_lr, cfg.optim.critic_lr) == (1e-4, 5e-6)
+
+
+def test_builtin_prompt_settings_are_checked_only_when_used(tmp_path):
+    for overrides, field in (({"data__builtin_num_prompts": 0}, "data.builtin_num_prompts"),
+                             ({"data__prompt_column": "question"}, "data.prompt_column")):
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            PPOTrainer(tiny_config(tmp_path, **overrides), verifier=count_sevens)
+    # rows passed from Python use their own column
+    rows = [{"question": f"Solve x+{i}=9\n"} for i in range(8)]
+    PPOTrainer(tiny_config(tmp_path, data__prompt_column="question"), prompt_rows=rows, verifier=count_sevens)
+
+
+def test_prompt_rows_from_python_must_share_their_columns(tmp_path):
+    rows = [{"prompt": f"Solve x+{i}=9\n", "answer": str(9 - i)} for i in range(8)]
+    del rows[3]["answer"]
+    with pytest.raises(ConfigError, match=r"`prompt_rows`: row 3 has columns"):
+        PPOTrainer(tiny_config(tmp_path), prompt_rows=rows, verifier=count_sevens)

@@ -38,8 +38,8 @@ CHARACTERS = string.digits + string.ascii_letters + " +-*/=().,:;?!'\"\n"
 SPLITS = ("train", "heldout")
 
 # The right-hand side must end there: "=11+1", "=11.5", "=11x" or "=11=9" are not "= 11" (a prompt may
-# go on with words: "=11 for x.").
-_EQUATION_RE = re.compile(r"Solve\s*(-?\d*)x\s*(?:([+-])\s*(\d+))?\s*=\s*(-?\d+)(?!\.\d|\w|\s*[=+\-*/^(])")
+# go on with words, "=11 for x.", or on the next line, "=11\n- answer as x=N").
+_EQUATION_RE = re.compile(r"Solve\s*(-?\d*)x\s*(?:([+-])\s*(\d+))?\s*=\s*(-?\d+)(?!\.\d|\w|[ \t]*[=+\-*/^(])")
 
 
 @dataclass(frozen=True)

@@ -195,11 +195,34 @@ def build_policy_module(cfg: TrainConfig, policy_lm: nn.Module, *, with_value_he
     return PolicyModel(policy_lm, value_head=head, value_grad_scale=cfg.model.value_grad_scale)
 
 
+def check_prompt_rows(rows: list[dict], prompt_column: str, source: str = "`data.prompts`") -> None:
+    """Every row has the same columns (the verifier receives them for every response) and a non-empty
+    text in ``prompt_column``."""
+    if not rows:
+        raise ConfigError(f"{source}: the prompt dataset is empty")
+    odd = next((i for i, r in enumerate(rows) if r.keys() != rows[0].keys()), None)
+    if odd is not None:
+        raise ConfigError(
+            f"{source}: row {odd} has columns {sorted(rows[odd])} but row 0 has {sorted(rows[0])}; every "
+            "row needs the same columns (the verifier receives them for every response)"
+        )
+    if prompt_column not in rows[0]:
+        raise ConfigError(f"{source}: no column {prompt_column!r} (`data.prompt_column`); columns: {sorted(rows[0])}")
+    bad = [i for i, r in enumerate(rows) if not isinstance(r[prompt_column], str) or not r[prompt_column]]
+    if bad:
+        raise ConfigError(f"{source}: row {bad[0]} has an empty or non-text `{prompt_column}`")
+
+
 def load_prompt_rows(cfg: DataConfig, tokenizer, *, max_prompt_tokens: int, seed: int) -> list[dict]:
     """Training prompts; every prompt is checked to fit ``max_prompt_tokens``."""
     if cfg.prompts == "builtin:equations":
         from ..tasks.equations import make_prompts
 
+        if cfg.builtin_num_prompts < 1:
+            raise ConfigError(f"`data.builtin_num_prompts` must be >= 1, got {cfg.builtin_num_prompts}")
+        if cfg.prompt_column != "prompt":
+            raise ConfigError(f"`data.prompt_column`={cfg.prompt_column!r}: the built-in prompts' column is "
+                              "'prompt' (set `data.prompts` to your file to use another column)")
         rows = make_prompts(cfg.builtin_num_prompts, seed=seed, split="train")
     else:
         from ..stages.data import load_rows
@@ -208,15 +231,7 @@ def load_prompt_rows(cfg: DataConfig, tokenizer, *, max_prompt_tokens: int, seed
             rows = load_rows(cfg.prompts, [cfg.prompt_column], name="prompt data (`data.prompts`)")
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    odd = next((i for i, r in enumerate(rows) if r.keys() != rows[0].keys()), None)
-    if odd is not None:
-        raise ConfigError(
-            f"`data.prompts`: row {odd} has columns {sorted(rows[odd])} but row 0 has {sorted(rows[0])}; every "
-            "row needs the same columns (the verifier receives them for every response)"
-        )
-    bad = [i for i, r in enumerate(rows) if not isinstance(r[cfg.prompt_column], str) or not r[cfg.prompt_column]]
-    if bad:
-        raise ConfigError(f"`data.prompts`: row {bad[0]} has an empty or non-text `{cfg.prompt_column}`")
+    check_prompt_rows(rows, cfg.prompt_column)
     lengths = [len(ids) for ids in tokenizer([r[cfg.prompt_column] for r in rows])["input_ids"]]  # as the rollout encodes
     longest = max(range(len(rows)), key=lengths.__getitem__)
     if lengths[longest] > max_prompt_tokens:

@@ -12,8 +12,15 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     """Replace ``path``'s content with ``text``: written to a temporary file in the same directory,
     flushed to disk, then renamed over ``path`` (a rename within a file system is atomic)."""
     path = Path(path)
+    if path.exists():
+        mode = path.stat().st_mode & 0o777
+    else:  # what open() would have given: 0o666 less the umask (read by setting it, then back)
+        umask = os.umask(0o022)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, mode)  # mkstemp makes 0o600 files
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

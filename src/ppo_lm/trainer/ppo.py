@@ -91,11 +91,11 @@ class PPOTrainer:
 
         # Prompts; each rank takes its own shard of every iteration's global batch.
         max_pos = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
+        if prompt_rows is not None:
+            builders.check_prompt_rows(list(prompt_rows), cfg.data.prompt_column, source="`prompt_rows`")
         self.prompt_rows = prompt_rows if prompt_rows is not None else builders.load_prompt_rows(
             cfg.data, self.tokenizer, max_prompt_tokens=max_pos - cfg.rollout.max_new_tokens, seed=cfg.seed
         )
-        if not self.prompt_rows:
-            raise ConfigError("`data.prompts`: the prompt dataset is empty")
 
         stop_ids = [self.tokenizer.eos_token_id]
         for s in cfg.rollout.stop_tokens:

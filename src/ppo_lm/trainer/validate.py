@@ -25,8 +25,9 @@ def _pos(name: str, v: float | None, *, allow_zero: bool = False) -> None:
 
 
 def _check_builtin(cfg: TrainConfig) -> None:
-    """The built-in model's and prompt set's settings, where they are used."""
-    m, d = cfg.model, cfg.data
+    """The built-in model's settings (the built-in prompt set's are checked where it is loaded: rows
+    passed from Python do not use them)."""
+    m = cfg.model
     if m.policy == "builtin":
         for name, v in [("model.builtin_hidden_size", m.builtin_hidden_size), ("model.builtin_layers", m.builtin_layers),
                         ("model.builtin_heads", m.builtin_heads)]:
@@ -37,12 +38,6 @@ def _check_builtin(cfg: TrainConfig) -> None:
                 f"`model.builtin_hidden_size`={m.builtin_hidden_size} must be a multiple of 2 × "
                 f"`model.builtin_heads` ({2 * m.builtin_heads}): each head's width is split in halves by RoPE"
             )
-    if d.prompts == "builtin:equations":
-        if d.builtin_num_prompts < 1:
-            raise ConfigError(f"`data.builtin_num_prompts` must be >= 1, got {d.builtin_num_prompts}")
-        if d.prompt_column != "prompt":
-            raise ConfigError(f"`data.prompt_column`={d.prompt_column!r}: the built-in prompts' column is 'prompt' "
-                              "(set `data.prompts` to your file to use another column)")
 
 
 def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
