@@ -196,3 +196,26 @@ def test_gradient_checkpointing_keeps_one_lane(tmp_path, monkeypatch):
     tr.train_iteration(1)
     assert calls
     assert not tr.policy.lm.training  # back in eval mode for the next rollout
+
+
+@pytest.mark.parametrize("arch,rates", [("starcoder2", {"residual_dropout": 0.3, "embedding_dropout": 0.3}),
+                                        ("bloom", {"hidden_dropout": 0.3})])
+def test_checkpointed_update_computes_what_the_rollout_did(tmp_path, arch, rates):
+    """With checkpointing the update runs layers in training mode; dropout rates that layers read from
+    their own attributes or the config must stay off, so the first step's ratio is exactly 1."""
+    import transformers
+
+    from ppo_lm.trainer import builders
+
+    cfg = tiny_config(tmp_path, threads=1, iterations=1, optim__epochs=1, optim__num_minibatches=1)
+    tok = builders.build_tokenizer(cfg.model)
+    config = transformers.AutoConfig.for_model(
+        arch, vocab_size=len(tok), hidden_size=32, n_embed=32, num_hidden_layers=2, n_layer=2, num_attention_heads=4,
+        n_head=4, num_key_value_heads=4, intermediate_size=64, max_position_embeddings=128,
+        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, **rates)
+    torch.manual_seed(0)
+    lm = transformers.AutoModelForCausalLM.from_config(config)
+    lm.gradient_checkpointing_enable()
+    metrics = PPOTrainer(cfg, policy=lm, tokenizer=tok, verifier=length_reward).train_iteration(1)
+    assert metrics["approx_kl"] == 0.0 and metrics["ratio_max"] == 1.0
+    assert all(getattr(lm.config, k) == v for k, v in rates.items())  # the config is given back as it was

@@ -55,10 +55,16 @@ def disable_dropout(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, nn.Dropout):
             m.p = 0.0
-        for name in ("attention_dropout", "attn_dropout", "dropout"):
-            if isinstance(getattr(m, name, None), float):
+        for name, value in list(vars(m).items()):
+            if is_dropout_rate(name, value):
                 setattr(m, name, 0.0)
     model.eval()
+
+
+def is_dropout_rate(name: str, value: object) -> bool:
+    """A float attribute that holds a dropout probability by transformers' naming (``attention_dropout``,
+    ``residual_dropout``, ``hidden_dropout``, ``resid_pdrop``, …)."""
+    return isinstance(value, float) and not isinstance(value, bool) and ("dropout" in name or name.endswith("pdrop"))
 
 
 def load_tokenizer(path: str | Path):

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from .. import distributed as dist
 from ..lanes import Lanes, resolve_lanes
 from ..models.actor_critic import CriticModel, PolicyModel, packs_sequences
-from ..models.hf_compat import hidden_size
+from ..models.hf_compat import hidden_size, is_dropout_rate
 from ..rollout.batch import RolloutBatch, length_groups
 from .config import TrainConfig
 from .step import MAX_STATS, Step, accumulate, lane_rows, merge_shares, rows_step, stat_weight
@@ -39,17 +39,30 @@ def _checkpointed(*models: nn.Module | None) -> bool:
 
 @contextlib.contextmanager
 def checkpointing_on(*models: nn.Module | None):
-    """transformers checkpoints activations only in training mode, and the trained models sit in
-    eval mode (:func:`~ppo_lm.models.hf_compat.disable_dropout`): switch those with gradient
-    checkpointing to training mode for the update (dropout is zeroed, so the numerics are the same)."""
-    modes = [(sub, sub.training) for m in models if m is not None and _checkpointed(m) for sub in m.modules()]
+    """transformers checkpoints a layer's activations only when that layer is in training mode, and
+    the trained models sit in eval mode (:func:`~ppo_lm.models.hf_compat.disable_dropout`). For the
+    update, put only the modules that carry the checkpointing switch in training mode — their
+    sub-modules (attention, MLP, dropout) stay in eval mode — and zero the dropout rates that some
+    layers read from the model config at forward time; everything is put back afterwards."""
+    modes, rates = [], []
+    for model in (m for m in models if m is not None and _checkpointed(m)):
+        for sub in model.modules():
+            if vars(sub).get("gradient_checkpointing") is True:
+                modes.append((sub, sub.training))
+            config = vars(sub).get("config")
+            if config is not None and all(c is not config for c, _, _ in rates):
+                rates += [(config, k, v) for k, v in vars(config).items() if is_dropout_rate(k, v) and v != 0.0]
     for sub, _ in modes:
         sub.training = True
+    for config, k, _ in rates:
+        setattr(config, k, 0.0)
     try:
         yield
     finally:
-        for sub, training in modes:  # each module as it was (a wrapper may differ from the model inside)
+        for sub, training in modes:
             sub.training = training
+        for config, k, v in rates:
+            setattr(config, k, v)
 
 
 def _adamw(params: list[nn.Parameter], lr: float, adam: dict, *, fused: bool) -> torch.optim.Optimizer:
