@@ -320,3 +320,18 @@ def test_stage_commands_seed_the_whole_run(monkeypatch, tmp_path):
     run_sft(SFTCommand(output_dir=str(tmp_path / "s"), seed=7, builtin_demos=8, builtin_hidden_size=32))
     run_rm(RMCommand(output_dir=str(tmp_path / "r"), seed=7, builtin_pairs=8, builtin_hidden_size=32))
     assert seen == {"sft": 7, "rm": 7}
+    seen.clear()  # without --seed, the stage's own seed seeds everything
+    c = SFTCommand(output_dir=str(tmp_path / "s2"), builtin_demos=8, builtin_hidden_size=32)
+    c.sft.seed = 5
+    run_sft(c)
+    assert seen == {"sft": 5}
+
+
+def test_split_rows_does_not_overshoot_with_a_big_group():
+    rows = [{"prompt": "same", "response": str(i)} for i in range(90)] + [{"prompt": f"p{i}", "response": "r"}
+                                                                         for i in range(10)]
+    for seed in range(6):
+        train, held = split_rows(rows, 0.1, seed=seed)
+        assert 1 <= len(held) <= 10 and len(train) + len(held) == 100
+    one = [{"prompt": "same", "response": str(i)} for i in range(50)]
+    assert len(split_rows(one, 0.2, seed=0)[1]) == 10  # a single prompt: rows are held out alone

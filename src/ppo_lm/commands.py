@@ -21,9 +21,9 @@ class SFTCommand:
     builtin_demos: int = 4000
     builtin_error_rate: float = 0.3
     builtin_hidden_size: int = 64
-    seed: int = 0
-    """Seeds the whole command: the built-in model and data, the held-out split and the batch order
-    (it replaces `sft.seed`)."""
+    seed: int | None = None
+    """Seeds the whole command: the built-in model and data, the held-out split and the batch order.
+    None: `sft.seed` does (default 0)."""
     threads: int = 0
     sft: SFTConfig = field(default_factory=SFTConfig)
 
@@ -38,9 +38,9 @@ class RMCommand:
     eval_data: str | None = None
     builtin_pairs: int = 2000
     builtin_hidden_size: int = 64
-    seed: int = 0
-    """Seeds the whole command: the built-in model and pairs, the held-out split and the batch order
-    (it replaces `rm.seed`)."""
+    seed: int | None = None
+    """Seeds the whole command: the built-in model and pairs, the held-out split and the batch order.
+    None: `rm.seed` does (default 0)."""
     threads: int = 0
     rm: RMConfig = field(default_factory=RMConfig)
 
@@ -68,11 +68,11 @@ def run_sft(c: SFTCommand) -> dict:
 
     if c.threads:
         torch.set_num_threads(c.threads)
-    model, tok = _model_and_tokenizer(c.model, c.seed, c.builtin_hidden_size)
-    rows = sft_demonstrations(c.builtin_demos, seed=c.seed, error_rate=c.builtin_error_rate) \
+    seed = c.sft.seed if c.seed is None else c.seed
+    model, tok = _model_and_tokenizer(c.model, seed, c.builtin_hidden_size)
+    rows = sft_demonstrations(c.builtin_demos, seed=seed, error_rate=c.builtin_error_rate) \
         if c.data == "builtin:equations" else c.data
-    metrics = train_sft(model, tok, rows, replace(c.sft, seed=c.seed), output_dir=c.output_dir,
-                        eval_rows=c.eval_data)
+    metrics = train_sft(model, tok, rows, replace(c.sft, seed=seed), output_dir=c.output_dir, eval_rows=c.eval_data)
     print(f"held-out loss {metrics['heldout_loss_before']:.4f} → {metrics['heldout_loss_after']:.4f}; "
           f"saved to {c.output_dir}")
     return metrics
@@ -86,10 +86,11 @@ def run_rm(c: RMCommand) -> dict:
 
     if c.threads:
         torch.set_num_threads(c.threads)
-    lm, tok = _model_and_tokenizer(c.model, c.seed, c.builtin_hidden_size)
-    rm = build_reward_model_from_policy_config(lm.config, causal_lm=lm, pad_token_id=tok.pad_token_id, seed=c.seed)
-    rows = preference_pairs(c.builtin_pairs, seed=c.seed) if c.data == "builtin:equations" else c.data
-    metrics = train_reward_model(rm, tok, rows, replace(c.rm, seed=c.seed), output_dir=c.output_dir,
+    seed = c.rm.seed if c.seed is None else c.seed
+    lm, tok = _model_and_tokenizer(c.model, seed, c.builtin_hidden_size)
+    rm = build_reward_model_from_policy_config(lm.config, causal_lm=lm, pad_token_id=tok.pad_token_id, seed=seed)
+    rows = preference_pairs(c.builtin_pairs, seed=seed) if c.data == "builtin:equations" else c.data
+    metrics = train_reward_model(rm, tok, rows, replace(c.rm, seed=seed), output_dir=c.output_dir,
                                  eval_rows=c.eval_data)
     print(f"held-out pairwise accuracy {metrics['heldout_accuracy_before']:.3f} → "
           f"{metrics['heldout_accuracy_after']:.3f}; saved to {c.output_dir}")

@@ -123,7 +123,8 @@ def split_rows(rows: Sequence[dict], heldout_fraction: float, seed: int,
     """Shuffle deterministically and cut off about ``heldout_fraction`` of the rows (at least one
     when > 0), whole groups at a time: rows that share ``group_by`` (the prompt; None: every row is
     its own group) all land on the same side, so held-out prompts are never trained on (datasets
-    such as the built-in demonstrations repeat prompts).
+    such as the built-in demonstrations repeat prompts). Groups are taken while they fit the target, so
+    the held-out share does not overshoot by a big group; with a single prompt, rows are split alone.
 
     Returns ``(train, heldout)``; ``heldout`` is empty when ``heldout_fraction`` is 0. At least one
     training row is always kept.
@@ -134,14 +135,17 @@ def split_rows(rows: Sequence[dict], heldout_fraction: float, seed: int,
     for i, row in enumerate(rows):
         groups.setdefault(row.get(group_by, i) if group_by is not None else i, []).append(i)
     order = list(groups.values())
+    if len(order) == 1 and len(rows) > 1:  # one prompt only: hold out rows of it rather than nothing
+        order = [[i] for i in range(len(rows))]
     random.Random(seed).shuffle(order)
     held_idx: list[int] = []
     if heldout_fraction > 0 and len(order) > 1:
         target = max(1, round(heldout_fraction * len(rows)))
         for members in order[:-1]:  # the last group always trains
-            if len(held_idx) >= target:
-                break
-            held_idx += members
+            if len(held_idx) + len(members) <= target:  # whole groups that fit, so no overshoot
+                held_idx += members
+        if not held_idx:  # every group is bigger than the target: the smallest one
+            held_idx = min(order[:-1], key=len)
     held_set = set(held_idx)
     return [rows[i] for i in range(len(rows)) if i not in held_set], [rows[i] for i in sorted(held_set)]
 
