@@ -59,3 +59,19 @@ def test_resume_compares_settings_as_they_run(tmp_path):
     cfg = tiny_config(tmp_path, iterations=2, resume=True, log__save_every=1, algo__kl_in="reward",
                       algo__kl_estimator="k1")
     PPOTrainer(cfg, verifier=count_sevens).train()
+
+
+def test_an_old_grpo_run_resumes_without_its_inert_kl(tmp_path, capsys):
+    """Runs written before kl_in=auto saved `kl_in: reward` with GRPO, where the KL had no effect;
+    they resume with `--algo.kl-coef 0`, which computes the same, and the refusal says so."""
+    out = str(tmp_path / "run")
+    grpo = ["--algo.estimator", "grpo", "--rollout.samples-per-prompt", "2", "--algo.kl-coef", "0"]
+    assert main(["train", "--output-dir", out, "--iterations", "1", *TINY, *grpo]) == 0
+    path = tmp_path / "run" / "config.yaml"
+    saved = yaml.safe_load(path.read_text())
+    saved["algo"].update(kl_in="reward", kl_estimator="k1", kl_coef=0.05)  # as the old code wrote it
+    path.write_text(yaml.safe_dump(saved))
+    capsys.readouterr()
+    assert main(["train", "--output-dir", out, "--iterations", "2", "--resume"]) == 2
+    assert "--algo.kl-coef 0" in capsys.readouterr().err
+    assert main(["train", "--output-dir", out, "--iterations", "2", "--resume", "--algo.kl-coef", "0"]) == 0

@@ -40,7 +40,7 @@ from .config_io import ConfigError, dump_yaml, from_dict, load_saved_config, res
 from .metrics_log import MetricsLogger, truncate_jsonl
 from .state import TrainState, load_checkpoint, save_checkpoint
 from .update import UpdateContext, checkpointing_on, ppo_update
-from .validate import resolve_algo
+from .validate import effective_algo, resolve_algo
 
 
 class NonFiniteLossError(RuntimeError):
@@ -272,12 +272,12 @@ class PPOTrainer:
         saved = load_saved_config(self.output_dir / "config.yaml")
         if not saved:
             return
-        try:  # compared as run, "auto" settings resolved on both sides
+        try:  # compared as they compute: "auto" resolved, and "no KL" written one way, on both sides
             then = from_dict(TrainConfig, saved)
-            saved = to_dict(dataclasses.replace(then, algo=resolve_algo(then.algo)))
+            saved = to_dict(dataclasses.replace(then, algo=effective_algo(then.algo)))
         except ConfigError:
             pass  # a field that no longer exists: compare what both have
-        diffs = resume_differences(self.cfg, saved)
+        diffs = resume_differences(dataclasses.replace(self.cfg, algo=effective_algo(self.cfg.algo)), saved)
         if diffs:
             raise ConfigError(
                 f"--resume of {str(self.output_dir)!r} with settings that differ from the run's config.yaml: "

@@ -110,7 +110,8 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
         raise ConfigError(
             f"`algo.kl_in`='reward' would have no effect: `algo.estimator`={a.estimator!r} builds its "
             "advantages from the scores alone (SPEC §3); set `algo.kl_in` to 'loss' (or 'auto'), or "
-            "`algo.kl_coef` to 0"
+            "`algo.kl_coef` to 0 (to resume a run written before this check, which ran without a KL: "
+            "`--algo.kl-coef 0`)"
         )
     if spec.needs_groups and r.samples_per_prompt < 2:
         raise ConfigError(
@@ -144,3 +145,13 @@ def resolve_algo(a: AlgoConfig) -> AlgoConfig:
     kl_estimator = a.kl_estimator if a.kl_estimator != "auto" else ("k1" if kl_in == "reward" else "k3")
     loss_agg = a.loss_agg if a.loss_agg != "auto" else spec.loss_agg
     return dataclasses.replace(a, kl_in=kl_in, kl_estimator=kl_estimator, loss_agg=loss_agg)
+
+
+def effective_algo(a: AlgoConfig) -> AlgoConfig:
+    """:func:`resolve_algo`, with every way of having no KL term written one way (β = 0, or — as runs
+    written before the check above did — a KL in the reward of an estimator that ignores it), so
+    that a resumed run is compared with its original by what it computes."""
+    r = resolve_algo(a)
+    if r.kl_coef == 0 or (r.kl_in == "reward" and not get_advantage_estimator(r.estimator).uses_shaped_rewards):
+        r = dataclasses.replace(r, kl_coef=0.0, kl_in="loss", kl_estimator="k3")
+    return r
