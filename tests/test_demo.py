@@ -47,8 +47,10 @@ def test_sft_and_rm_commands(tmp_path):
 
 @pytest.mark.slow
 def test_demo_accuracy_rises(tmp_path):
-    """A short real run: PPO raises held-out accuracy over the SFT policy."""
+    """A short real run: PPO raises held-out accuracy over the SFT policy. (Seed 0 measured
+    18.5 → 20.5 / 22.0 / 24.5 / 34.5 / 40.0 % at 50 / 100 / 150 / 200 / 250 iterations: the gain can
+    start slowly, so 200 iterations, ≈ 85 s on 2 cores.)"""
     cfg = DemoConfig(output_dir=str(tmp_path), threads=2, eval_every=1000)
-    cfg.ppo.iterations = 150
+    cfg.ppo.iterations = 200
     summary = run_demo(cfg)
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.08, summary
