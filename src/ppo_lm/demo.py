@@ -120,8 +120,13 @@ def run_demo(cfg: DemoConfig) -> dict:
     console.print(f"[bold]1. SFT[/] on {cfg.sft_demos} demonstrations ({cfg.sft_error_rate:.0%} wrong)")
     lm = build_tiny_policy(tok, seed=cfg.seed, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers)
     demos = sft_demonstrations(cfg.sft_demos, seed=cfg.seed, error_rate=cfg.sft_error_rate)
+    # SFT's held-out loss on demonstrations of the held-out split's equations: unseen prompts, and SFT
+    # keeps every training demonstration
+    held_demos = sft_demonstrations(max(cfg.sft_demos // 10, 1), seed=cfg.seed + 30_000, error_rate=cfg.sft_error_rate,
+                                    split="heldout")
     sft_metrics = train_sft(lm, tok, demos, SFTConfig(lr=cfg.sft_lr, max_steps=cfg.sft_steps, batch_size=cfg.sft_batch_size,
-                                                      seed=cfg.seed, log_every=10**9), output_dir=out / "sft")
+                                                      seed=cfg.seed, log_every=10**9), output_dir=out / "sft",
+                            eval_rows=held_demos)
     acc_before = accuracy(lm)
     console.print(f"   held-out accuracy after SFT: {acc_before:.1%}")
 
