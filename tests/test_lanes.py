@@ -199,7 +199,7 @@ def test_gradient_checkpointing_keeps_one_lane(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("arch,rates", [("starcoder2", {"residual_dropout": 0.3, "embedding_dropout": 0.3}),
-                                        ("bloom", {"hidden_dropout": 0.3})])
+                                        ("bloom", {"hidden_dropout": 0.3}), ("biogpt", {"layerdrop": 0.5})])
 def test_checkpointed_update_computes_what_the_rollout_did(tmp_path, arch, rates):
     """With checkpointing the update runs layers in training mode; dropout rates that layers read from
     their own attributes or the config must stay off, so the first step's ratio is exactly 1."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import yaml
 from trainer_helpers import count_sevens, tiny_config
 
@@ -71,7 +72,16 @@ def test_an_old_grpo_run_resumes_without_its_inert_kl(tmp_path, capsys):
     saved = yaml.safe_load(path.read_text())
     saved["algo"].update(kl_in="reward", kl_estimator="k1", kl_coef=0.05)  # as the old code wrote it
     path.write_text(yaml.safe_dump(saved))
+    state_path = tmp_path / "run" / "checkpoints" / "iter_000001" / "trainer_state.pt"
+    state = torch.load(state_path, weights_only=False)
+    state["kl_ctl"]["value"] = 0.05  # and the β its controller held
+    torch.save(state, state_path)
     capsys.readouterr()
     assert main(["train", "--output-dir", out, "--iterations", "2", "--resume"]) == 2
     assert "--algo.kl-coef 0" in capsys.readouterr().err
     assert main(["train", "--output-dir", out, "--iterations", "2", "--resume", "--algo.kl-coef", "0"]) == 0
+    # the KL placement may change too: the run still has no KL term, whatever β its checkpoint holds
+    assert main(["train", "--output-dir", out, "--iterations", "3", "--resume", "--algo.kl-coef", "0",
+                 "--algo.kl-in", "auto"]) == 0
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["iteration"] == 3 and last["kl_coef"] == 0.0 and "kl_loss" not in last

@@ -335,3 +335,11 @@ def test_split_rows_does_not_overshoot_with_a_big_group():
         assert 1 <= len(held) <= 10 and len(train) + len(held) == 100
     one = [{"prompt": "same", "response": str(i)} for i in range(50)]
     assert len(split_rows(one, 0.2, seed=0)[1]) == 10  # a single prompt: rows are held out alone
+
+
+def test_split_rows_holds_out_the_smaller_group_when_none_fits():
+    rows = [{"prompt": "a", "response": str(i)} for i in range(60)] + [{"prompt": "b", "response": str(i)}
+                                                                      for i in range(40)]
+    for seed in range(4):
+        train, held = split_rows(rows, 0.1, seed=seed)
+        assert len(held) == 40 and {r["prompt"] for r in held} == {"b"}

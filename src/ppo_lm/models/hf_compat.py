@@ -62,9 +62,9 @@ def disable_dropout(model: nn.Module) -> None:
 
 
 def is_dropout_rate(name: str, value: object) -> bool:
-    """A float attribute that holds a dropout probability by transformers' naming (``attention_dropout``,
-    ``residual_dropout``, ``hidden_dropout``, ``resid_pdrop``, …)."""
-    return isinstance(value, float) and not isinstance(value, bool) and ("dropout" in name or name.endswith("pdrop"))
+    """A float attribute that holds a random-drop probability by transformers' naming: dropout
+    (``attention_dropout``, ``hidden_dropout``, ``resid_pdrop``, …), ``layerdrop``, ``drop_path_rate``."""
+    return isinstance(value, float) and not isinstance(value, bool) and "drop" in name
 
 
 def load_tokenizer(path: str | Path):

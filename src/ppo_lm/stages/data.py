@@ -144,8 +144,8 @@ def split_rows(rows: Sequence[dict], heldout_fraction: float, seed: int,
         for members in order[:-1]:  # the last group always trains
             if len(held_idx) + len(members) <= target:  # whole groups that fit, so no overshoot
                 held_idx += members
-        if not held_idx:  # every group is bigger than the target: the smallest one
-            held_idx = min(order[:-1], key=len)
+        if not held_idx:  # every group is bigger than the target: the smallest one (others keep training)
+            held_idx = min(order, key=len)
     held_set = set(held_idx)
     return [rows[i] for i in range(len(rows)) if i not in held_set], [rows[i] for i in sorted(held_set)]
 

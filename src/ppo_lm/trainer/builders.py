@@ -200,6 +200,9 @@ def check_prompt_rows(rows: list[dict], prompt_column: str, source: str = "`data
     text in ``prompt_column``."""
     if not rows:
         raise ConfigError(f"{source}: the prompt dataset is empty")
+    not_dict = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+    if not_dict is not None:
+        raise ConfigError(f"{source}: row {not_dict} is a {type(rows[not_dict]).__name__}, not a dict of columns")
     odd = next((i for i, r in enumerate(rows) if r.keys() != rows[0].keys()), None)
     if odd is not None:
         raise ConfigError(

@@ -35,7 +35,7 @@ from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
 from ..rollout.sampling import SamplingParams
 from . import builders
-from .config import TrainConfig
+from .config import AlgoConfig, TrainConfig
 from .config_io import ConfigError, dump_yaml, from_dict, load_saved_config, resume_differences, to_dict
 from .metrics_log import MetricsLogger, truncate_jsonl
 from .state import TrainState, load_checkpoint, save_checkpoint
@@ -275,8 +275,11 @@ class PPOTrainer:
         try:  # compared as they compute: "auto" resolved, and "no KL" written one way, on both sides
             then = from_dict(TrainConfig, saved)
             saved = to_dict(dataclasses.replace(then, algo=effective_algo(then.algo)))
-        except ConfigError:
-            pass  # a field that no longer exists: compare what both have
+        except ConfigError:  # a field that no longer exists: compare what both have, algo as it computes
+            try:
+                saved = {**saved, "algo": to_dict(effective_algo(from_dict(AlgoConfig, saved.get("algo") or {})))}
+            except ConfigError:
+                pass
         diffs = resume_differences(dataclasses.replace(self.cfg, algo=effective_algo(self.cfg.algo)), saved)
         if diffs:
             raise ConfigError(
@@ -308,6 +311,10 @@ class PPOTrainer:
         if cfg.resume:
             self._check_resume_config()
             start = load_checkpoint(self, self.output_dir)
+            if effective_algo(cfg.algo).kl_coef == 0:
+                # a run that computes no KL term (e.g. one saved with a reward KL its estimator ignored)
+                # must not pick one up from the β its checkpoint restored
+                self.kl_ctl.value = 0.0
             if dist.is_main():
                 truncate_jsonl(self.output_dir / "metrics.jsonl", start)
                 truncate_jsonl(self.output_dir / "samples.jsonl", start)
