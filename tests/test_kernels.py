@@ -85,3 +85,44 @@ def test_trainer_option_turns_compiled_kernels_on_and_off(tmp_path):
         assert not kernels.compiled()
     finally:
         kernels.set_compiled(False)
+
+
+def test_bf16_probe_accepts_one_rounding_instead_of_several(monkeypatch):
+    """A fused kernel rounds once where eager bf16 rounds after each op; the probe must accept that
+    (it refused every bf16 compile, blaming the compiler)."""
+    import torch
+
+    from ppo_lm.models import kernels
+
+    def fused_like(fn, dynamic=True):  # stand-in for torch.compile: compute in fp32, round once
+        def run(*args):
+            up = [a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+            return fn(*up).to(args[0].dtype)
+        return run
+
+    monkeypatch.setattr(torch, "compile", fused_like)
+    try:
+        assert kernels.set_compiled(True, "cpu", torch.bfloat16)
+    finally:
+        kernels.set_compiled(False)
+
+
+def test_a_later_compile_failure_falls_back_to_eager():
+    import pytest
+    import torch
+
+    from ppo_lm.models import kernels
+
+    def broken(*args):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+    kernels._compiled.update(rms_norm=broken, rotate=broken, swiglu=broken)
+    try:
+        gate = torch.randn(4, 128, 256, requires_grad=True)  # big enough for the compiled path
+        up = torch.randn(4, 128, 256)
+        with pytest.warns(UserWarning, match="compiling swiglu failed .*No working C"):
+            out = kernels.swiglu(gate, up)
+        torch.testing.assert_close(out, kernels.swiglu_eager(gate, up))
+        assert not kernels.compiled()  # eager from here on
+    finally:
+        kernels.set_compiled(False)

@@ -219,3 +219,23 @@ def test_checkpointed_update_computes_what_the_rollout_did(tmp_path, arch, rates
     metrics = PPOTrainer(cfg, policy=lm, tokenizer=tok, verifier=length_reward).train_iteration(1)
     assert metrics["approx_kl"] == 0.0 and metrics["ratio_max"] == 1.0
     assert all(getattr(lm.config, k) == v for k, v in rates.items())  # the config is given back as it was
+
+
+def test_a_lane_run_nested_in_a_worker_runs_in_order():
+    """A worker's task that calls Lanes.run again must not wait on the pool it occupies."""
+    import threading
+
+    torch.set_num_threads(4)
+    lanes = Lanes(2)
+    done = {}
+
+    def outer(name):
+        def task():
+            return lanes.run([lambda: f"{name}-a", lambda: f"{name}-b"])
+        return task
+
+    t = threading.Thread(target=lambda: done.setdefault("r", lanes.run([outer("x"), outer("y")])), daemon=True)
+    t.start()
+    t.join(timeout=20)
+    assert done.get("r") == [["x-a", "x-b"], ["y-a", "y-b"]]
+    lanes.close()

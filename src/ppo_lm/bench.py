@@ -7,7 +7,7 @@ sampled response tokens (``rollout.min_new_tokens`` = ``max_new_tokens``: EOS ca
 temperature 1; 4 epochs × 2 minibatches of 32; k1 KL β=0.05; clip 0.2; value clip 0.2; vf_coef 0.1;
 γ=1; λ=0.95; separate-body critic initialised from the reward model.
 
-W2: W1 but responses stop early: the words w0…w31 are extra stop tokens (``rollout.stop_tokens``).
+W2: W1 but responses stop early: the words w0…w30 (and EOS) are extra stop tokens (``rollout.stop_tokens``).
 The random-init policy is close to uniform over the 512 tokens, so each step stops with probability
 ≈ 32/512 = 1/16 and the mean length is ≈ 16 (a quarter of the 64 limit); the cost should follow.
 

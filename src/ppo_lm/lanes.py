@@ -19,6 +19,7 @@ under torch.distributed each thread would issue collectives in its own order (th
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
@@ -32,6 +33,8 @@ T = TypeVar("T")
 # another thread costs more than it saves: the demo's model (hidden 64, ≈ 32 k per share) updated
 # 16 % slower on two lanes, W2's packed minibatches (≈ 200 k) 6 % faster, W1's (≈ 400 k) 8 %.
 MIN_SHARE_ELEMENTS = 1 << 17
+
+_inside = threading.local()  # .lane: this thread is running a lane's task
 
 
 class Lanes:
@@ -62,8 +65,8 @@ class Lanes:
         """Results of ``tasks`` (at most ``lanes``) in order. With several lanes they run concurrently
         and the caller's thread count is restored afterwards; a task's exception is raised here once
         every task has finished (none is left writing into shared outputs)."""
-        if self._pool is None or len(tasks) < 2:
-            return [t() for t in tasks]
+        if self._pool is None or len(tasks) < 2 or getattr(_inside, "lane", False):
+            return [t() for t in tasks]  # (inside a lane's task the pool's workers are busy: in order)
         if len(tasks) > self.lanes:
             raise ValueError(f"{len(tasks)} tasks for {self.lanes} lanes")
         threads = torch.get_num_threads()  # the caller's, read now: it may have changed since __init__
@@ -73,7 +76,11 @@ class Lanes:
 
         def on_lane(task: Callable[[], T]) -> T:
             torch.set_num_threads(share)  # this thread's OpenMP/MKL team
-            return task()
+            _inside.lane = True
+            try:
+                return task()
+            finally:
+                _inside.lane = False
 
         futures = [self._pool.submit(on_lane, t) for t in tasks[1:]]
         try:

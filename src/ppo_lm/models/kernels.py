@@ -54,16 +54,33 @@ def _pick(name: str, x: Tensor):
     return _compiled[name]
 
 
+def _call(name: str, eager, x: Tensor, *args):
+    """The compiled kernel when :func:`_pick` chooses it, else ``eager``. A compile that fails later
+    (a new dtype or stride pattern needs one more) switches every kernel back to eager, with a warning,
+    instead of stopping the run."""
+    fn = _pick(name, x)
+    if fn is None:
+        return eager(x, *args)
+    try:
+        return fn(x, *args)
+    except Exception as e:  # noqa: BLE001 - compiler/toolchain failures: the eager kernel computes the same
+        _compiled.clear()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        warnings.warn(f"model.compile_kernels: compiling {name} failed ({first[:200]}); running the eager "
+                      "kernels from here on", stacklevel=3)
+        return eager(x, *args)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return (_pick("rms_norm", x) or rms_norm_eager)(x, weight, eps)
+    return _call("rms_norm", rms_norm_eager, x, weight, eps)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    return (_pick("rotate", x) or rotate_eager)(x, cos, sin)
+    return _call("rotate", rotate_eager, x, cos, sin)
 
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    return (_pick("swiglu", gate) or swiglu_eager)(gate, up)
+    return _call("swiglu", swiglu_eager, gate, up)
 
 
 def compiled() -> bool:
@@ -84,7 +101,9 @@ def _probe(fns: dict[str, object], device: torch.device, dtype: torch.dtype) -> 
         args = [a.clone().requires_grad_() for a in diff_args]
         out = fns[name](*args, *const_args)
         out.sum().backward()
-        if not torch.allclose(out.detach(), eager(*diff_args, *const_args).detach(), atol=1e-4, rtol=1e-4):
+        # one compiled pass rounds once where eager rounds after each op: a few ulps of the dtype apart
+        tol = max(1e-4, 4 * torch.finfo(dtype).eps)
+        if not torch.allclose(out.detach(), eager(*diff_args, *const_args).detach(), atol=tol, rtol=tol):
             raise RuntimeError(f"the compiled {name} disagrees with its eager version")
 
 
