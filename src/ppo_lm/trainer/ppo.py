@@ -39,7 +39,7 @@ from .config import AlgoConfig, TrainConfig
 from .config_io import ConfigError, dump_yaml, from_dict, load_saved_config, resume_differences, to_dict
 from .metrics_log import MetricsLogger, truncate_jsonl
 from .state import TrainState, load_checkpoint, save_checkpoint
-from .update import UpdateContext, checkpointing_on, ppo_update
+from .update import UpdateContext, ppo_update
 from .validate import effective_algo, resolve_algo
 
 
@@ -202,9 +202,8 @@ class PPOTrainer:
         # 4. K epochs of minibatch updates on the fixed rollout.
         t4 = time.perf_counter()
         train_policy = iteration > cfg.optim.critic_warmup_iterations
-        with checkpointing_on(self.policy, self.critic):
-            upd = ppo_update(self.update_ctx, batch, self.policy_loss_fn, self.shuffle_gen, train_policy=train_policy,
-                             kl_coef=beta if a.kl_in == "loss" else 0.0, nonfinite_in_row=self.state.nonfinite_in_row)
+        upd = ppo_update(self.update_ctx, batch, self.policy_loss_fn, self.shuffle_gen, train_policy=train_policy,
+                         kl_coef=beta if a.kl_in == "loss" else 0.0, nonfinite_in_row=self.state.nonfinite_in_row)
         timings["update_s"] = time.perf_counter() - t4
         self.state.nonfinite_in_row = int(upd.pop("nonfinite_in_row"))
         self.state.nonfinite_total += int(upd["nonfinite_skipped"])
@@ -272,14 +271,10 @@ class PPOTrainer:
         saved = load_saved_config(self.output_dir / "config.yaml")
         if not saved:
             return
-        try:  # compared as they compute: "auto" resolved, and "no KL" written one way, on both sides
-            then = from_dict(TrainConfig, saved)
-            saved = to_dict(dataclasses.replace(then, algo=effective_algo(then.algo)))
-        except ConfigError:  # a field that no longer exists: compare what both have, algo as it computes
-            try:
-                saved = {**saved, "algo": to_dict(effective_algo(from_dict(AlgoConfig, saved.get("algo") or {})))}
-            except ConfigError:
-                pass
+        try:  # algo compared as it computes: "auto" resolved, and "no KL" written one way, on both sides
+            saved = {**saved, "algo": to_dict(effective_algo(from_dict(AlgoConfig, saved.get("algo") or {})))}
+        except ConfigError:
+            pass  # an algo field that no longer exists: compare what both have
         diffs = resume_differences(dataclasses.replace(self.cfg, algo=effective_algo(self.cfg.algo)), saved)
         if diffs:
             raise ConfigError(

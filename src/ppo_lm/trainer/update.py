@@ -38,7 +38,7 @@ def _checkpointed(*models: nn.Module | None) -> bool:
 
 
 @contextlib.contextmanager
-def checkpointing_on(*models: nn.Module | None):
+def _checkpointing_on(*models: nn.Module | None):
     """transformers checkpoints a layer's activations only when that layer is in training mode, and
     the trained models sit in eval mode (:func:`~ppo_lm.models.hf_compat.disable_dropout`). For the
     update, put only the modules that carry the checkpointing switch in training mode — their
@@ -245,74 +245,75 @@ def ppo_update(
     separate_values = ctx.policy.value_head is None and bool(has_critic)
     hidden = hidden_size(ctx.policy.lm)
 
-    for epoch in range(o.epochs):
-        perm = torch.randperm(B, generator=shuffle_gen).to(batch.input_ids.device)
-        for k in range(o.num_minibatches):
-            mb_idx = perm[k * mb_size : (k + 1) * mb_size]
-            mb_mask = batch.response_mask[mb_idx]
-            if a.loss_agg == "token-mean":
-                count = dist.all_reduce_sum(mb_mask.sum().double())
-            else:
-                count = dist.all_reduce_sum(torch.tensor(float(mb_idx.numel()), dtype=torch.float64))
-            # DDP averages gradients over ranks, so each rank divides by count/world.
-            denom = count / world
-            finite, mb_stats = True, []
-            micro_batches = _micro_batches(mb_idx, batch, o.micro_batch_size, packed=packed)
-            for j, micro_idx in enumerate(micro_batches):
-                # On CPU the micro-batch's rows are shared among lanes (threads) that run at once, each
-                # returning its gradients; summed, they are the micro-batch's gradient.
-                shares = lane_rows(micro_idx, batch, ctx.lanes, hidden)
-                st = Step(P, temperature, policy_loss_fn, dict(agg=a.loss_agg, denominator=denom, horizon=horizon),
-                           train_policy, shared_values, separate_values,
-                           want_entropy=ent_grad or epoch == 0,  # the entropy diagnostic: first epoch only
-                           own_grads=len(shares) > 1, kl_coef=kl_coef)
-                # Gradients are all-reduced once per minibatch, on its last micro-batch.
-                with _no_sync(ctx, skip=j < len(micro_batches) - 1):
-                    results = ctx.lanes.run([partial(rows_step, ctx, batch.select(rows), st) for rows in shares])
-                accumulate(ctx.policy_grad_params, [r.policy_grads for r in results])
-                accumulate(ctx.critic_params, [r.critic_grads for r in results])
-                # A non-finite loss still ran backward, so every rank took part in the same gradient
-                # all-reduces; the whole minibatch's gradient is then discarded below.
-                loss_finite = all(r.finite for r in results)
-                finite = finite and loss_finite
-                mb_stats.append(merge_shares([(r.stats, r.weight, r.tokens) for r in results]))
-            finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)) == 0)
-            norms = {}
-            if finite:
-                # The norms are of the all-reduced gradients, so every rank sees the same ones. A finite
-                # loss can still have a non-finite gradient; clipping would spread it to every weight.
+    with _checkpointing_on(ctx.policy, ctx.critic):  # (a no-op unless a model checkpoints)
+        for epoch in range(o.epochs):
+            perm = torch.randperm(B, generator=shuffle_gen).to(batch.input_ids.device)
+            for k in range(o.num_minibatches):
+                mb_idx = perm[k * mb_size : (k + 1) * mb_size]
+                mb_mask = batch.response_mask[mb_idx]
+                if a.loss_agg == "token-mean":
+                    count = dist.all_reduce_sum(mb_mask.sum().double())
+                else:
+                    count = dist.all_reduce_sum(torch.tensor(float(mb_idx.numel()), dtype=torch.float64))
+                # DDP averages gradients over ranks, so each rank divides by count/world.
+                denom = count / world
+                finite, mb_stats = True, []
+                micro_batches = _micro_batches(mb_idx, batch, o.micro_batch_size, packed=packed)
+                for j, micro_idx in enumerate(micro_batches):
+                    # On CPU the micro-batch's rows are shared among lanes (threads) that run at once, each
+                    # returning its gradients; summed, they are the micro-batch's gradient.
+                    shares = lane_rows(micro_idx, batch, ctx.lanes, hidden)
+                    st = Step(P, temperature, policy_loss_fn, dict(agg=a.loss_agg, denominator=denom, horizon=horizon),
+                               train_policy, shared_values, separate_values,
+                               want_entropy=ent_grad or epoch == 0,  # the entropy diagnostic: first epoch only
+                               own_grads=len(shares) > 1, kl_coef=kl_coef)
+                    # Gradients are all-reduced once per minibatch, on its last micro-batch.
+                    with _no_sync(ctx, skip=j < len(micro_batches) - 1):
+                        results = ctx.lanes.run([partial(rows_step, ctx, batch.select(rows), st) for rows in shares])
+                    accumulate(ctx.policy_grad_params, [r.policy_grads for r in results])
+                    accumulate(ctx.critic_params, [r.critic_grads for r in results])
+                    # A non-finite loss still ran backward, so every rank took part in the same gradient
+                    # all-reduces; the whole minibatch's gradient is then discarded below.
+                    loss_finite = all(r.finite for r in results)
+                    finite = finite and loss_finite
+                    mb_stats.append(merge_shares([(r.stats, r.weight, r.tokens) for r in results]))
+                finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)) == 0)
+                norms = {}
+                if finite:
+                    # The norms are of the all-reduced gradients, so every rank sees the same ones. A finite
+                    # loss can still have a non-finite gradient; clipping would spread it to every weight.
+                    if train_policy:
+                        norms["grad_norm_actor"] = _grad_norm_and_clip(ctx.actor_params, o.max_grad_norm)
+                    if ctx.critic_opt is not None and has_critic:
+                        norms["grad_norm_critic"] = _grad_norm_and_clip(ctx.critic_params, o.max_grad_norm)
+                    finite = math.isfinite(sum(norms.values()))
+                if finite:
+                    if train_policy:
+                        ctx.actor_opt.step()
+                    if "grad_norm_critic" in norms:
+                        ctx.critic_opt.step()
+                ctx.actor_opt.zero_grad(set_to_none=True)
+                if ctx.critic_opt:
+                    ctx.critic_opt.zero_grad(set_to_none=True)
+                if not finite:
+                    # A skipped minibatch leaves no statistics (it changed nothing); the decision is the same
+                    # on every rank, so are the keys of the statistics the ranks reduce at the end.
+                    skipped += 1
+                    in_row += 1
+                    max_in_row = max(max_in_row, in_row)
+                    continue
+                in_row = 0
+                for step_stats, weight, tokens in mb_stats:
+                    stats.add(step_stats, weight, tokens)
+                stats.add(norms, 1.0)
+                # Each schedule counts its own optimiser's steps (the actor's skip the critic warm-up); the
+                # logged rates are those the iteration's last steps used, read before the schedules move on.
                 if train_policy:
-                    norms["grad_norm_actor"] = _grad_norm_and_clip(ctx.actor_params, o.max_grad_norm)
-                if ctx.critic_opt is not None and has_critic:
-                    norms["grad_norm_critic"] = _grad_norm_and_clip(ctx.critic_params, o.max_grad_norm)
-                finite = math.isfinite(sum(norms.values()))
-            if finite:
-                if train_policy:
-                    ctx.actor_opt.step()
-                if "grad_norm_critic" in norms:
-                    ctx.critic_opt.step()
-            ctx.actor_opt.zero_grad(set_to_none=True)
-            if ctx.critic_opt:
-                ctx.critic_opt.zero_grad(set_to_none=True)
-            if not finite:
-                # A skipped minibatch leaves no statistics (it changed nothing); the decision is the same
-                # on every rank, so are the keys of the statistics the ranks reduce at the end.
-                skipped += 1
-                in_row += 1
-                max_in_row = max(max_in_row, in_row)
-                continue
-            in_row = 0
-            for step_stats, weight, tokens in mb_stats:
-                stats.add(step_stats, weight, tokens)
-            stats.add(norms, 1.0)
-            # Each schedule counts its own optimiser's steps (the actor's skip the critic warm-up); the
-            # logged rates are those the iteration's last steps used, read before the schedules move on.
-            if train_policy:
-                used_lr["lr_actor"] = ctx.actor_opt.param_groups[0]["lr"]
-                ctx.actor_sched.step()
-            if ctx.critic_sched is not None and has_critic:
-                used_lr["lr_critic"] = ctx.critic_opt.param_groups[0]["lr"]
-                ctx.critic_sched.step()
+                    used_lr["lr_actor"] = ctx.actor_opt.param_groups[0]["lr"]
+                    ctx.actor_sched.step()
+                if ctx.critic_sched is not None and has_critic:
+                    used_lr["lr_critic"] = ctx.critic_opt.param_groups[0]["lr"]
+                    ctx.critic_sched.step()
     result = stats.result()
     result["lr_actor"] = used_lr.get("lr_actor", ctx.actor_opt.param_groups[0]["lr"])
     if ctx.critic_opt is not None:

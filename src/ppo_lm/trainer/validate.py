@@ -138,8 +138,8 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
 
 def resolve_algo(a: AlgoConfig) -> AlgoConfig:
     """``a`` with its ``auto`` choices made for its estimator (see :class:`AlgoConfig`): where the KL
-    goes, its estimator, the loss aggregation. The trainer runs on the result, and the run's
-    config.yaml records it."""
+    goes, its estimator, the loss aggregation. The trainer runs on the result; the run's config.yaml
+    keeps ``auto``, so a config reused with another estimator resolves for that one."""
     spec = get_advantage_estimator(a.estimator)
     kl_in = a.kl_in if a.kl_in != "auto" else ("reward" if spec.uses_shaped_rewards else "loss")
     kl_estimator = a.kl_estimator if a.kl_estimator != "auto" else ("k1" if kl_in == "reward" else "k3")
