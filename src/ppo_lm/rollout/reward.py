@@ -21,22 +21,22 @@ class RewardError(RuntimeError):
     """The reward function failed or returned something unusable; the message shows the prompt."""
 
 
-def load_verifier(spec: str) -> Verifier:
-    """Resolve ``'module:function'`` (or ``'builtin:equations'``) to a callable."""
+def load_verifier(spec: str, field: str = "model.reward") -> Verifier:
+    """Resolve ``'module:function'`` (or ``'builtin:equations'``) to a callable; errors name ``field``."""
     if spec == "builtin:equations":
         from ..tasks.equations import verify
 
         return verify
     if ":" not in spec:
-        raise ValueError(f"`model.reward`={spec!r}: expected 'module:function', a reward-model path, or 'builtin:equations'")
+        raise ValueError(f"`{field}`={spec!r}: expected 'module:function' or 'builtin:equations'")
     mod_name, fn_name = spec.split(":", 1)
     try:
         module = importlib.import_module(mod_name)
     except ImportError as e:
-        raise ValueError(f"`model.reward`={spec!r}: cannot import module {mod_name!r} ({e})") from None
+        raise ValueError(f"`{field}`={spec!r}: cannot import module {mod_name!r} ({e})") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
-        raise ValueError(f"`model.reward`={spec!r}: module {mod_name!r} has no callable {fn_name!r}")
+        raise ValueError(f"`{field}`={spec!r}: module {mod_name!r} has no callable {fn_name!r}")
     return fn
 
 

@@ -124,18 +124,17 @@ def build_verifier(cfg: ModelConfig):
     try:
         return load_verifier(cfg.reward)
     except ValueError as e:
-        raise ConfigError(str(e)) from None
+        hint = "" if ":" in cfg.reward else ", or a reward-model checkpoint directory (none found there)"
+        raise ConfigError(f"{e}{hint}") from None
 
 
 def build_gold_verifier(cfg: ModelConfig):
     if cfg.gold_reward is None:
         return None
     try:
-        return load_verifier(cfg.gold_reward)
+        return load_verifier(cfg.gold_reward, field="model.gold_reward")  # verifiers only: a gold standard
     except ValueError as e:
-        # gold_reward takes verifiers only (a reward model is not a gold standard)
-        raise ConfigError(str(e).replace("model.reward", "model.gold_reward")
-                          .replace(", a reward-model path, or", " or")) from None
+        raise ConfigError(str(e)) from None
 
 
 def build_critic(cfg: ModelConfig, policy_lm: nn.Module, reward_model: nn.Module | None) -> CriticModel:
