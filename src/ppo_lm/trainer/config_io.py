@@ -164,8 +164,9 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def load_saved_config(path: str | Path) -> dict[str, Any]:
     """A run's config.yaml as a plain nested dict (empty when unreadable)."""
     try:
-        return yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_Loader) or {}  # as --config reads
+        return data if isinstance(data, dict) else {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
 
 
