@@ -1,4 +1,4 @@
-"""Whitening, critic-free estimators (SPEC §3), adaptive λ and the estimator registry."""
+"""Whitening, critic-free estimators (docs/algorithm.md §3), adaptive λ and the estimator registry."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""GAE (SPEC §1.3) against an independent closed-form reference written with plain Python loops.
+"""GAE (docs/algorithm.md §1.3) against an independent closed-form reference written with plain Python loops.
 
-The reference builds δ_t straight from the SPEC definition, per row:
+The reference builds δ_t straight from the definition in docs/algorithm.md §1.3, per row:
     δ_t = r_t + γ·V_next − V_t, with V_next = V_{t+1} inside the response, 0 after the last token of
     a terminated response and bootstrap_value after the last token of a truncated one;
 and sums Â_t = Σ_l (γλ)^l δ_{t+l} with nested loops (no reverse recursion).

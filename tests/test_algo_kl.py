@@ -1,4 +1,4 @@
-"""KL estimators, reward shaping and β controllers (SPEC §1.2) against hand computation."""
+"""KL estimators, reward shaping and β controllers (docs/algorithm.md §1.2) against hand computation."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def test_prompts_are_exactly_the_prompt_length():
 
 def test_flop_count_of_w1():
     f = bench.iteration_flops(bench.W1_SHAPE, [64] * 64)
-    assert 1.45e12 < f["total"] < 1.65e12  # SPEC §6: ≈ 1.5 TFLOP per iteration
+    assert 1.45e12 < f["total"] < 1.65e12  # docs/benchmarks.md: ≈ 1.5 TFLOP per iteration
     s = bench.W1_SHAPE
     policy = bench.forward_flops(s, 96, 96 * 97 / 2, 64, 512)  # 2·params·tokens + attention + vocab head
     critic = bench.forward_flops(s, 96, 96 * 97 / 2, 65, 1)

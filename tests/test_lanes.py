@@ -78,7 +78,7 @@ def test_fewer_threads_than_tasks_runs_them_in_turn():
 def test_accumulate_sums_lanes_into_fresh_gradients():
     """autograd may return one tensor for two parameters, or a broadcast view: ``.grad`` must own
     its memory, or later in-place accumulation would leak into the other parameter."""
-    from ppo_lm.trainer.step import accumulate
+    from ppo_lm.lanes import accumulate
 
     a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
     shared = torch.tensor([0.0, 1.0, 2.0])
@@ -92,12 +92,13 @@ def test_accumulate_sums_lanes_into_fresh_gradients():
 
 
 def test_merge_shares_means_and_maxima():
-    from ppo_lm.trainer.step import merge_shares
+    from ppo_lm.algorithms import StatsAggregator, UpdateStats
 
     # losses count by their units (here sequences: 1 and 3), other statistics by tokens (10 and 10)
-    stats, weight, tokens = merge_shares([({"policy_loss": 1.0, "ratio_max": 1.5, "approx_kl": 0.1}, 1.0, 10.0),
-                                          ({"policy_loss": 4.0, "ratio_max": 1.2, "approx_kl": 0.3}, 3.0, 10.0)])
-    assert (weight, tokens) == (4.0, 20.0)
+    agg = StatsAggregator()
+    agg.add(UpdateStats(policy_loss=1.0, ratio_max=1.5, approx_kl=0.1), units=1.0, tokens=10.0)
+    agg.add(UpdateStats(policy_loss=4.0, ratio_max=1.2, approx_kl=0.3), units=3.0, tokens=10.0)
+    stats = agg.result().as_dict()
     assert stats == {"policy_loss": pytest.approx(3.25), "ratio_max": 1.5, "approx_kl": pytest.approx(0.2)}
 
 
@@ -145,7 +146,7 @@ def test_update_with_two_lanes_equals_one_lane(tmp_path, overrides):
     """Each lane back-propagates its share of the rows; summed, the gradients are the micro-batch's,
     so the updated weights and the logged statistics match the one-lane update."""
     one, two = _trainer(tmp_path, 1, **overrides), _trainer(tmp_path, 2, **overrides)
-    assert (one.update_ctx.lanes.lanes, two.update_ctx.lanes.lanes) == (1, 2)
+    assert (one.learner.lanes.lanes, two.learner.lanes.lanes) == (1, 2)
     batch = one.rollout(1)
     assert batch.lengths.min() < batch.lengths.max()
     m1, m2 = one.learn(batch, 1), two.learn(batch, 1)
@@ -191,8 +192,8 @@ def test_gradient_checkpointing_keeps_one_lane(tmp_path, monkeypatch):
             monkeypatch.setattr(m, "_gradient_checkpointing_func",
                                 lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k), raising=False)
     tr = PPOTrainer(cfg, policy=policy, verifier=length_reward)
-    assert tr.update_ctx.lanes.lanes == 1
-    assert _trainer(tmp_path, 2).update_ctx.lanes.lanes == 2
+    assert tr.learner.lanes.lanes == 1
+    assert _trainer(tmp_path, 2).learner.lanes.lanes == 2
     tr.train_iteration(1)
     assert calls
     assert not tr.policy.lm.training  # back in eval mode for the next rollout

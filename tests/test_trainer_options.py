@@ -8,6 +8,7 @@ import pytest
 import torch
 from trainer_helpers import length_reward, tiny_config
 
+from ppo_lm.algorithms import POLICY_LOSSES
 from ppo_lm.trainer.ppo import PPOTrainer
 
 
@@ -63,7 +64,7 @@ def test_update_groups_rows_by_length_with_the_same_gradient(tmp_path, monkeypat
     models pack sequences, runs it whole and packed; the updated weights equal those of one padded
     forward/backward over the whole minibatch."""
     from ppo_lm.models import actor_critic
-    from ppo_lm.trainer.update import _micro_batches
+    from ppo_lm.trainer.update import micro_batches as _micro_batches
 
     monkeypatch.setattr(actor_critic, "PACKING", packing)
 
@@ -115,20 +116,20 @@ def test_logp_from_sampler_skips_the_policy_scoring_forward(tmp_path, monkeypatc
     assert abs(metrics["ratio_max"] - 1) < 1e-4
 
 
-def test_ratio_max_is_the_maximum_over_the_whole_update(tmp_path):
+def test_ratio_max_is_the_maximum_over_the_whole_update(tmp_path, monkeypatch):
     """``ratio_max`` is the largest ratio seen in any micro-batch of any minibatch and epoch, not a
     mean of their maxima (reference: every loss call's own masked max of exp(logp − logp_old))."""
     cfg = tiny_config(tmp_path, iterations=1, optim__epochs=3, optim__num_minibatches=2, optim__micro_batch_size=2,
                       rollout__num_prompts=8, rollout__max_new_tokens=6, optim__lr=3e-3)
     tr = PPOTrainer(cfg, verifier=length_reward)
     seen = []
-    real = tr.policy_loss_fn
+    real = POLICY_LOSSES["ppo"]
 
     def recording(logp, logp_old, advantages, mask, **kw):
         seen.append(float(torch.exp(logp.detach() - logp_old)[mask.bool()].max()))
         return real(logp, logp_old, advantages, mask, **kw)
 
-    tr.policy_loss_fn = recording
+    monkeypatch.setitem(POLICY_LOSSES, "ppo", recording)
     metrics = tr.learn(tr.rollout(1), 1)
     assert len(seen) >= 6 and max(seen) - min(seen) > 1e-3, "the maxima must differ for the test to mean anything"
     assert metrics["ratio_max"] == pytest.approx(max(seen), abs=1e-6)
@@ -225,3 +226,32 @@ def test_logged_learning_rate_is_the_one_the_steps_used(tmp_path):
     tr = PPOTrainer(cfg, verifier=length_reward)
     lrs = [tr.train_iteration(i)["lr_actor"] for i in (1, 2)]
     assert lrs == pytest.approx([3e-3 * 3 / 4, 3e-3 / 4])
+
+
+def test_kl_loss_with_a_very_unlikely_pad_token_keeps_gradients_finite(tmp_path, monkeypatch):
+    """An unpacked forward computes log-probs at padded positions too; where the pad token is very
+    unlikely (log-prob below ≈ −88.7), a k3 KL loss term masked after its estimator overflowed to
+    0·inf = NaN gradients and every minibatch was skipped. Masked first, the update runs."""
+    from ppo_lm.models import actor_critic
+
+    monkeypatch.setattr(actor_critic, "PACKING", False)
+    real = actor_critic.PolicyModel.forward
+
+    def unlikely_pads(self, input_ids, attention_mask, prompt_width, **kw):
+        out = real(self, input_ids, attention_mask, prompt_width, **kw)
+        pads = attention_mask[:, prompt_width:] == 0
+        out["logp"] = out["logp"] - 200.0 * pads  # the pad token is this unlikely after a response
+        return out
+
+    monkeypatch.setattr(actor_critic.PolicyModel, "forward", unlikely_pads)
+    cfg = tiny_config(tmp_path, iterations=1, rollout__max_new_tokens=8, algo__estimator="grpo",
+                      rollout__samples_per_prompt=2, algo__kl_in="loss", algo__kl_estimator="k3", algo__kl_coef=0.1,
+                      optim__max_nonfinite_in_row=100)
+    cfg.rollout.stop_tokens = list("0123456789")
+    tr = PPOTrainer(cfg, verifier=length_reward)
+    batch = tr.rollout(1)
+    assert not batch.response_mask.all(), "the test needs padded rows"
+    metrics = tr.learn(batch, 1)
+    assert metrics["nonfinite_skipped_total"] == 0
+    assert math.isfinite(metrics["grad_norm_actor"]) and math.isfinite(metrics["kl_loss"])
+    assert metrics["kl_clamp_frac"] == 0.0

@@ -1,4 +1,4 @@
-"""Bad input fails at start-up with a message naming the field (SPEC: config load and data load)."""
+"""Bad input fails at start-up with a message naming the field (config load and data load)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 import pytest
 from trainer_helpers import count_sevens, length_reward, tiny_config
 
+from ppo_lm.algorithms import POLICY_LOSSES
 from ppo_lm.cli import main
 from ppo_lm.rollout.reward import RewardError
 from ppo_lm.trainer.config import TrainConfig
@@ -160,20 +161,20 @@ def test_unknown_reward_spec(tmp_path):
         PPOTrainer(tiny_config(tmp_path, model__reward="no_such_module_xyz:fn"))
 
 
-def test_nonfinite_gradient_of_a_finite_loss_is_skipped(tmp_path):
+def test_nonfinite_gradient_of_a_finite_loss_is_skipped(tmp_path, monkeypatch):
     """A finite loss whose gradient is NaN (here sqrt'(0) · 0) must not reach the weights: the minibatch
     is skipped like a non-finite loss, and it leaves no statistics behind."""
     import torch
 
     tr = PPOTrainer(tiny_config(tmp_path, iterations=1, optim__epochs=2, optim__num_minibatches=2,
                                 optim__max_nonfinite_in_row=100), verifier=count_sevens)
-    real = tr.policy_loss_fn
+    real = POLICY_LOSSES["ppo"]
 
     def nan_gradient(logp, *a, **k):
         loss, stats = real(logp, *a, **k)
         return loss + (logp.sum() * 0).abs().sqrt(), stats
 
-    tr.policy_loss_fn = nan_gradient
+    monkeypatch.setitem(POLICY_LOSSES, "ppo", nan_gradient)
     before = [p.detach().clone() for p in tr.policy.lm.parameters()]
     metrics = tr.learn(tr.rollout(1), 1)
     assert metrics["nonfinite_skipped_total"] == 4  # 2 epochs × 2 minibatches
@@ -182,14 +183,14 @@ def test_nonfinite_gradient_of_a_finite_loss_is_skipped(tmp_path):
     assert "policy_loss" not in metrics and "grad_norm_actor" not in metrics
 
 
-def test_statistics_leave_out_a_skipped_minibatch(tmp_path):
+def test_statistics_leave_out_a_skipped_minibatch(tmp_path, monkeypatch):
     """A minibatch whose second micro-batch has a NaN loss is skipped whole: its first micro-batch's
     statistics are not in the update's. The first minibatch changed nothing, so the second runs at
     ratio 1 where the clipped loss is −A: reference = −(token mean of the kept calls' advantages)."""
     tr = PPOTrainer(tiny_config(tmp_path, iterations=1, optim__epochs=1, optim__num_minibatches=2,
                                 optim__micro_batch_size=2, rollout__num_prompts=8, optim__max_nonfinite_in_row=100),
                     verifier=length_reward)
-    real = tr.policy_loss_fn
+    real = POLICY_LOSSES["ppo"]
     calls = []
 
     def nan_on_second_call(logp, logp_old, advantages, mask, **k):
@@ -198,7 +199,7 @@ def test_statistics_leave_out_a_skipped_minibatch(tmp_path):
         calls.append((float(-advantages[m].sum()), int(m.sum())))
         return (loss * float("nan") if len(calls) == 2 else loss), stats
 
-    tr.policy_loss_fn = nan_on_second_call
+    monkeypatch.setitem(POLICY_LOSSES, "ppo", nan_on_second_call)
     metrics = tr.learn(tr.rollout(1), 1)
     assert len(calls) == 4 and metrics["nonfinite_skipped_total"] == 1
 
@@ -209,11 +210,11 @@ def test_statistics_leave_out_a_skipped_minibatch(tmp_path):
     assert abs(mean(calls[2:]) - mean([calls[0]] + calls[2:])) > 1e-3, "the skipped call must matter"
 
 
-def test_nonfinite_loss_is_skipped_then_stops(tmp_path):
+def test_nonfinite_loss_is_skipped_then_stops(tmp_path, monkeypatch):
     import torch
 
     tr = PPOTrainer(tiny_config(tmp_path, iterations=5, optim__max_nonfinite_in_row=2), verifier=count_sevens)
-    real = tr.policy_loss_fn
+    real = POLICY_LOSSES["ppo"]
     calls = {"n": 0}
 
     def nan_loss(logp, *a, **k):
@@ -222,7 +223,7 @@ def test_nonfinite_loss_is_skipped_then_stops(tmp_path):
         return loss * torch.tensor(float("nan")), stats
 
     before = [p.detach().clone() for p in tr.policy.lm.parameters()]
-    tr.policy_loss_fn = nan_loss
+    monkeypatch.setitem(POLICY_LOSSES, "ppo", nan_loss)
     with pytest.raises(NonFiniteLossError, match="non-finite"):
         tr.train()
     assert all(torch.equal(a, b) for a, b in zip(before, tr.policy.lm.parameters()))  # nothing applied
@@ -238,13 +239,13 @@ def test_kl_in_reward_with_a_score_only_estimator_is_refused():
     validate_config(cfg)
 
 
-def test_only_consecutive_nonfinite_updates_stop_the_run(tmp_path):
+def test_only_consecutive_nonfinite_updates_stop_the_run(tmp_path, monkeypatch):
     """Skips with applied updates between them do not add up; a run of skips does, across iterations."""
     import torch
 
     tr = PPOTrainer(tiny_config(tmp_path, iterations=3, optim__epochs=2, optim__num_minibatches=2,
                                 optim__max_nonfinite_in_row=2), verifier=count_sevens)
-    real = tr.policy_loss_fn
+    real = POLICY_LOSSES["ppo"]
     calls = {"n": 0, "bad": set()}
 
     def flaky(logp, *a, **k):
@@ -252,7 +253,7 @@ def test_only_consecutive_nonfinite_updates_stop_the_run(tmp_path):
         calls["n"] += 1
         return (loss * torch.tensor(float("nan")) if calls["n"] in calls["bad"] else loss), stats
 
-    tr.policy_loss_fn = flaky
+    monkeypatch.setitem(POLICY_LOSSES, "ppo", flaky)
     calls["bad"] = {1, 3}  # skip, ok, skip, ok: never two in a row
     metrics = tr.train_iteration(1)
     assert metrics["nonfinite_skipped_total"] == 2

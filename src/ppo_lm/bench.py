@@ -1,4 +1,4 @@
-"""``ppo-lm bench``: throughput of the real trainer on the benchmark workloads of SPEC §6.
+"""``ppo-lm bench``: throughput of the real trainer on the benchmark workloads (docs/benchmarks.md).
 
 W1 (equal work with the TRL peer, ``shared/bench/trl_ppo_w1.py``): Qwen2-architecture policy,
 reference, reward model and critic (vocab 512, hidden 256, intermediate 1024, 4 layers, 4 heads,
@@ -308,7 +308,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         "warmup_s": round(sum(m["iteration_s"] for m in history[:warmup]), 3),
         "build_s": round(build_s, 3),
         "compile_kernels": kernels.compiled(), "logp_from_sampler": logp_from_sampler,
-        "cpu_lanes": trainer.update_ctx.lanes.lanes,
+        "cpu_lanes": trainer.learner.lanes.lanes,
         "peak_rss_mb": round(rss_mb), **load,
         "device": device, "torch": torch.__version__,
         **({"gpu_peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20)} if device.startswith("cuda") else {}), "nproc": os.cpu_count(), "machine": platform.machine(),

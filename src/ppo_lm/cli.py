@@ -86,7 +86,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rm": ("ppo_lm.commands:cmd_rm", "Bradley–Terry reward model (prompt, chosen, rejected)"),
     "demo": ("ppo_lm.demo:cmd_demo", "SFT → PPO (or → RM → PPO with --rlhf) on the built-in task"),
     "plot": ("ppo_lm.commands:cmd_plot", "PNG of a run's diagnostics"),
-    "bench": ("ppo_lm.bench:cmd_bench", "throughput on the benchmark workloads W1/W2 (SPEC §6)"),
+    "bench": ("ppo_lm.bench:cmd_bench", "throughput and memory on the benchmark workloads (docs/benchmarks.md)"),
 }
 
 

@@ -4,8 +4,12 @@ On a CPU every PyTorch op splits its work over the intra-op threads and joins th
 ops — in Python, in the autograd engine, in small ops that do not split — the other cores wait. Work
 that splits into independent shares (the rows of an update micro-batch, each lane returning its own
 gradients; the rows of a scoring forward) can instead run at the same time, each share on its own
-OS thread with its part of the intra-op threads, so that one fills the other's gaps. On W1 (2 cores)
-an iteration ran ≈ 8 % faster this way (docs/benchmarks.md).
+OS thread with its part of the intra-op threads, so that one fills the other's gaps (measured in
+docs/benchmarks.md).
+
+The rest of the package sees two calls, each made as it would make one forward (and backward) over
+the rows: :meth:`Lanes.map_rows` (scoring) and :meth:`Lanes.backward_rows` (the update); with one
+lane, or rows too few to pay, both run the work inline.
 
 Why it is safe: ops release the GIL; the autograd engine runs a CPU backward on the thread that calls
 ``backward``; grad mode and inference mode are thread-local (each task enters its own); the tasks
@@ -25,13 +29,18 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from .models.hf_compat import is_checkpointed
 
 T = TypeVar("T")
 
+Backward = Callable[[Tensor, Sequence[nn.Parameter]], None]
+"""``backward(loss, params)``: back-propagate ``loss`` into the ``.grad`` of ``params``."""
+
 # Below this many hidden-state elements (rows × tokens × hidden size) per share, handing work to
-# another thread costs more than it saves: the demo's model (hidden 64, ≈ 32 k per share) updated
-# 16 % slower on two lanes, W2's packed minibatches (≈ 200 k) 6 % faster, W1's (≈ 400 k) 8 %.
+# another thread costs more than it saves (the demo's tiny model ran slower on two lanes; the
+# benchmark workloads' minibatches, a few times bigger, faster: docs/benchmarks.md).
 MIN_SHARE_ELEMENTS = 1 << 17
 
 _inside = threading.local()  # .lane: this thread is running a lane's task
@@ -40,26 +49,65 @@ _inside = threading.local()  # .lane: this thread is running a lane's task
 class Lanes:
     """Runs up to ``lanes`` tasks at once: the first on the caller's thread, the others on worker
     threads, each with its share of the caller's intra-op threads; ``lanes == 1`` runs them in order.
-    ``threads`` (default: torch's count now) caps the number of lanes."""
+    ``threads`` (default: torch's count now) caps the number of lanes. ``hidden``: the hidden size
+    of the models whose forwards are shared (what a row's token costs, for :meth:`split`)."""
 
-    def __init__(self, lanes: int, threads: int | None = None):
+    def __init__(self, lanes: int, threads: int | None = None, *, hidden: int = 0):
         self.lanes = max(1, min(lanes, threads or torch.get_num_threads()))
+        self.hidden = hidden
         self._pool = None
         if self.lanes > 1:
             self._pool = ThreadPoolExecutor(self.lanes - 1, thread_name_prefix="ppo-lm-lane")
 
-    def split(self, rows: int, tokens_per_row: int, hidden: int) -> int:
+    def split(self, rows: int, tokens_per_row: int, hidden: int | None = None) -> int:
         """Into how many shares to split a forward over ``rows`` × ``tokens_per_row`` tokens of a model
         with this hidden size: as many as there are lanes while each share stays big enough."""
+        hidden = self.hidden if hidden is None else hidden
         n = min(self.lanes, rows)
         while n > 1 and rows * tokens_per_row * hidden < n * MIN_SHARE_ELEMENTS:
             n -= 1
         return max(n, 1)
 
-    def shares(self, rows: Tensor, tokens_per_row: int, hidden: int) -> list[Tensor]:
-        """``rows`` (in length order) dealt in turn into :meth:`split` shares of about equal cost."""
-        n = self.split(rows.numel(), tokens_per_row, hidden)
-        return [rows[i::n] for i in range(n)]
+    def shares(self, rows: Tensor, lengths: Tensor, prompt_width: int) -> list[Tensor]:
+        """``rows`` by decreasing response length (``lengths``, one per row), dealt in turn into
+        :meth:`split` shares of about equal cost."""
+        order = rows[lengths.argsort(descending=True, stable=True)]
+        n = self.split(rows.numel(), prompt_width + int(lengths.max()))
+        return [order[i::n] for i in range(n)]
+
+    def map_rows(self, fn: Callable[[Tensor], T], rows: Tensor, lengths: Tensor, prompt_width: int) -> list[T]:
+        """``fn(share)`` for :meth:`shares` of ``rows``, side by side; the shares' results in order.
+        ``fn`` must write only its own rows of any shared output."""
+        return self.run([lambda r=r: fn(r) for r in self.shares(rows, lengths, prompt_width)])
+
+    def backward_rows(self, fn: Callable[[Tensor, Backward], T], rows: Tensor, lengths: Tensor,
+                      prompt_width: int) -> list[T]:
+        """``fn(share, backward)`` for :meth:`shares` of ``rows``, side by side, where ``fn`` runs its
+        forwards and calls ``backward(loss, params)`` for each loss. Afterwards every parameter's
+        ``.grad`` has gained the gradient of all shares' losses, as if one ``fn`` had run on all the
+        rows: one share back-propagates straight into ``.grad``; several each take their gradients
+        with ``autograd.grad`` (no two threads write one ``.grad``), summed in share order. Returns
+        the shares' results in order."""
+        shares = self.shares(rows, lengths, prompt_width)
+        if len(shares) == 1:
+            return [fn(shares[0], _backward_into_grad)]
+        # per share: the gradients of each parameter list it back-propagated into, in call order
+        collected: list[dict[tuple[int, ...], tuple]] = [{} for _ in shares]
+        param_lists: dict[tuple[int, ...], Sequence[nn.Parameter]] = {}
+
+        def task(i: int, share: Tensor) -> T:
+            def backward(loss: Tensor, params: Sequence[nn.Parameter]) -> None:
+                if loss.requires_grad:
+                    key = tuple(map(id, params))
+                    param_lists.setdefault(key, params)
+                    collected[i][key] = torch.autograd.grad(loss, params, allow_unused=True)
+            return fn(share, backward)
+
+        results = self.run([lambda i=i, r=r: task(i, r) for i, r in enumerate(shares)])
+        keys = list(dict.fromkeys(k for c in collected for k in c))  # first share's order first
+        for key in keys:
+            accumulate(param_lists[key], [c.get(key) for c in collected])
+        return results
 
     def run(self, tasks: Sequence[Callable[[], T]]) -> list[T]:
         """Results of ``tasks`` (at most ``lanes``) in order. With several lanes they run concurrently
@@ -98,8 +146,36 @@ class Lanes:
             self._pool = None
 
 
+def _backward_into_grad(loss: Tensor, params: Sequence[nn.Parameter]) -> None:
+    if loss.requires_grad:
+        loss.backward()
+
+
+def accumulate(params: Sequence[nn.Parameter], per_lane: list[tuple | None]) -> None:
+    """Add the lanes' gradients into ``.grad``, summed in lane order (deterministic). The sum is a
+    new tensor (a lone share's gradient is copied): autograd may hand the same tensor, or a
+    broadcast view, to several parameters, and ``.grad`` is accumulated into in place later."""
+    for i, p in enumerate(params):
+        parts = [grads[i] for grads in per_lane if grads is not None and grads[i] is not None]
+        if not parts:
+            continue
+        total = parts[0] + parts[1] if len(parts) > 1 else parts[0].clone(memory_format=torch.contiguous_format)
+        for g in parts[2:]:
+            total += g
+        p.grad = total if p.grad is None else p.grad.add_(total)
+
+
 def resolve_lanes(requested: int, device: torch.device, distributed: bool) -> int:
     """How many lanes to use: ``requested`` on CPU in a single process, else 1 (see module doc)."""
     if device.type != "cpu" or distributed:
         return 1
     return max(1, min(requested, torch.get_num_threads()))
+
+
+def lanes_for(requested: int, device: torch.device, distributed: bool, *models: nn.Module | None,
+              hidden: int = 0) -> Lanes:
+    """The lanes of a run: :func:`resolve_lanes`, and one lane when a trained model uses gradient
+    checkpointing (reentrant checkpointing does not support the ``autograd.grad`` lanes use)."""
+    if is_checkpointed(*models):
+        return Lanes(1, hidden=hidden)
+    return Lanes(resolve_lanes(requested, device, distributed), hidden=hidden)

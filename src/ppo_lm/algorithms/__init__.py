@@ -1,9 +1,10 @@
 """The RL math of ppo-lm as pure tensor functions; nothing here knows about models.
 
 Per-token tensors are (B, T) over response positions, ``mask`` is right-padded, ``values[:, t]`` is
-V_old(x_t). See ``SPEC.md`` §1 and §3 and each function's docstring for shapes and references.
+V_old(x_t). See docs/algorithm.md §1 and §3 and each function's docstring for shapes and references.
 """
 
+from ._checks import assume_valid_masks, check_positive, check_response_mask, check_unit_interval
 from .advantages import (
     adaptive_lambda,
     broadcast_to_tokens,
@@ -14,16 +15,25 @@ from .advantages import (
     rloo_advantages,
     whiten,
 )
-from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty, shape_rewards
+from .kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    kl_loss_per_token,
+    kl_penalty,
+    shape_rewards,
+)
 from .losses import (
     AGG_MODES,
     aggregate,
     entropy_from_logits,
     explained_variance,
+    loss_units,
     pg_loss,
     policy_loss,
     value_loss,
 )
+from .objective import ObjectiveSettings, ppo_objective
 from .registry import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
@@ -34,6 +44,7 @@ from .registry import (
     get_advantage_estimator,
     get_policy_loss,
 )
+from .stats import StatsAggregator, UpdateStats
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -45,8 +56,15 @@ __all__ = [
     "AdvantageSettings",
     "EstimatorSpec",
     "FixedKLController",
+    "ObjectiveSettings",
+    "StatsAggregator",
+    "UpdateStats",
     "adaptive_lambda",
     "aggregate",
+    "assume_valid_masks",
+    "check_positive",
+    "check_response_mask",
+    "check_unit_interval",
     "broadcast_to_tokens",
     "compute_advantages",
     "entropy_from_logits",
@@ -55,10 +73,13 @@ __all__ = [
     "get_advantage_estimator",
     "get_policy_loss",
     "grpo_advantages",
+    "kl_loss_per_token",
     "kl_penalty",
+    "loss_units",
     "masked_mean_var",
     "pg_loss",
     "policy_loss",
+    "ppo_objective",
     "reinforce_pp_advantages",
     "rloo_advantages",
     "shape_rewards",

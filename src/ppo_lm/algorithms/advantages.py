@@ -1,4 +1,4 @@
-"""Advantage estimators as pure tensor functions (SPEC §1.3 and §3).
+"""Advantage estimators as pure tensor functions (docs/algorithm.md §1.3 and §3).
 
 Conventions: per-token tensors are (B, T) over response positions; ``mask`` is 1 on valid response
 tokens and right-padded; ``values[:, t]`` is V_old(x_t), the value of the context *before* response

@@ -1,4 +1,4 @@
-"""KL estimators, reward shaping and KL coefficient controllers (SPEC §1.2).
+"""KL estimators, reward shaping, the KL loss term and KL coefficient controllers (docs/algorithm.md §1.2, §1.4).
 
 References: Schulman 2020, "Approximating KL divergence" (k1/k2/k3);
 Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences" (adaptive β).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_mask, check_positive, check_same_shape
+from ._checks import check_mask, check_positive, check_same_shape, checking_values
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -62,12 +62,41 @@ def shape_rewards(
     if kl_estimator not in KL_ESTIMATORS:
         raise ValueError(f"`kl_estimator` must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
     lengths = m.sum(1)
-    if bool((lengths == 0).any()):
+    if checking_values() and bool((lengths == 0).any()):
         raise ValueError("`mask` has an empty row: every response needs at least one token to carry its score")
     kl = kl_penalty(logp_old.where(m, 0), logp_ref.where(m, 0), kl_estimator)
     rewards = (-kl_coef * kl).where(m, 0).to(logp_old.dtype)
     last = (lengths - 1).unsqueeze(1)
     return rewards.scatter_add(1, last, scores.to(rewards.dtype).unsqueeze(1))
+
+
+def kl_loss_per_token(
+    logp: Tensor, logp_ref: Tensor, mask: Tensor, kind: str = "k3", *, clamp: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """Per-token KL of a KL *loss* term, and which tokens the clamp cut (docs/algorithm.md §1.4).
+
+    Padded positions are zeroed before the estimator, not after: a pad's log-prob may be far below
+    −88.7, where k3's e^{−d} overflows to inf and masking afterwards would turn 0·inf into NaN
+    gradients. ``clamp``: the KL is clipped to [−clamp, clamp] as verl and OpenRLHF do (k3 at a
+    log-ratio of −30 is ≈ 1e13); clipped tokens pass no gradient. None: no clamp.
+
+    What the estimators' gradients are as a loss (on-policy, through ``logp`` only): k1's expected
+    gradient is 0, k2's is ∇KL(π‖π_ref), k3's is ∇KL(π_ref‖π) (the forward KL, although k3's value
+    estimates KL(π‖π_ref)); see docs/algorithm.md §1.4.
+
+    Args:
+        logp: (B, T) differentiable log π_θ of the sampled tokens; logp_ref, mask: (B, T).
+    Returns:
+        (kl (B, T), 0 on padding; clamped (B, T) bool, False on padding).
+    """
+    check_same_shape("logp", logp, logp_ref=logp_ref, mask=mask)
+    m = check_mask(mask)
+    check_positive("clamp", clamp)
+    kl = kl_penalty(logp.where(m, 0), logp_ref.detach().where(m, 0), kind)
+    if clamp is None:
+        return kl.where(m, 0), torch.zeros_like(m)
+    clamped = (kl.detach().abs() > clamp) & m
+    return kl.clamp(-clamp, clamp).where(m, 0), clamped
 
 
 class FixedKLController:

@@ -1,4 +1,4 @@
-"""PPO losses and per-token diagnostics as pure tensor functions (SPEC §1.4).
+"""PPO losses and per-token diagnostics as pure tensor functions (docs/algorithm.md §1.4).
 
 Every loss takes per-token (B, T) tensors and a right-padded ``mask`` and returns ``(loss, stats)``:
 ``loss`` a differentiable scalar, ``stats`` a dict of detached 0-dim tensors (token means over the
@@ -62,6 +62,13 @@ def aggregate(
     return num / den.to(x.dtype).clamp_min(1)
 
 
+def loss_units(mask: Tensor, mode: str = "token-mean") -> float:
+    """How many units a loss aggregated by ``mode`` averages over on these rows: valid tokens for
+    ``token-mean``, responses for the seq-mean modes. The weight of this call's losses in a mean
+    over several calls (micro-batches, CPU lanes, ranks). Reads the count back to the host."""
+    return float(mask.sum()) if mode == "token-mean" else float(mask.shape[0])
+
+
 def _token_mean(x: Tensor, m: Tensor) -> Tensor:
     return (x.where(m, 0).sum() / m.sum().clamp_min(1)).detach()
 
@@ -91,7 +98,7 @@ def policy_loss(
     Returns:
         ``(loss, stats)`` with stats ``clip_frac`` (fraction of valid tokens whose clipped term is
         the active one), ``dual_clip_frac``, ``approx_kl`` (mean ½(logp − logp_old)²), ``approx_kl_k3``,
-        ``ratio_mean``, ``ratio_max``.
+        ``ratio_max``.
     """
     check_same_shape("logp", logp, logp_old=logp_old, advantages=advantages, mask=mask)
     m = check_mask(mask)
@@ -123,14 +130,12 @@ def _ratio_stats(log_ratio: Tensor, m: Tensor) -> dict[str, Tensor]:
     """How far π_θ has moved from π_old on the sampled tokens, d = logp − logp_old (B, T), 0 on padding:
     ``approx_kl`` ½d² (k2) and ``approx_kl_k3`` (e^d − 1) − d (k3), both estimates of KL(π_old ‖ π_θ)
     from tokens drawn from π_old — k3 unbiased and ≥ 0 (Schulman 2020, with r = π_θ/π_old = e^d) —
-    and ``ratio_mean``, ``ratio_max`` (0-dim)."""
+    and ``ratio_max`` (0-dim)."""
     d = log_ratio.detach()
-    ratio = d.exp()
     return {
         "approx_kl": _token_mean(0.5 * d.square(), m),
         "approx_kl_k3": _token_mean(torch.expm1(d) - d, m),
-        "ratio_mean": _token_mean(ratio, m),
-        "ratio_max": ratio.where(m, float("-inf")).max().clamp_min(0),
+        "ratio_max": d.exp().where(m, float("-inf")).max().clamp_min(0),
     }
 
 
@@ -194,7 +199,9 @@ def value_loss(
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of the categorical distribution softmax(logits): (..., V) → (...)."""
+    """Entropy of the categorical distribution softmax(logits): (..., V) → (...), fp32 for half
+    precision input. Safe at p = 0 (-inf logits): those entries add 0, and gradients stay finite.
+    The policy's forward uses it for the entropy diagnostic and bonus."""
     logp = torch.log_softmax(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits, -1)
     p = logp.exp()
     # 0·log 0 = 0: zero-probability entries (e.g. -inf logits) must not turn the sum into NaN.

@@ -61,7 +61,7 @@ class EstimatorSpec:
     needs_critic: bool
     needs_groups: bool
     uses_shaped_rewards: bool  # False: built from the scores alone, so a KL in the reward has no effect
-    loss_agg: str = "token-mean"  # the aggregation its paper uses (SPEC §3: Dr. GRPO's differs)
+    loss_agg: str = "token-mean"  # the aggregation its paper uses (docs/algorithm.md §3: Dr. GRPO's differs)
 
 
 def _gae_estimator(

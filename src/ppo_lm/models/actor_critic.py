@@ -17,9 +17,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..algorithms import entropy_from_logits
 from . import lean
 from .hf_compat import scalar_head, trunk
-from .logprobs import entropy_and_logprobs, gather_logprobs, position_ids_from_mask
+from .logprobs import gather_logprobs, position_ids_from_mask
 from .packing import plan_packing
 
 PACKING = True
@@ -127,14 +128,10 @@ class PolicyModel(nn.Module):
         if temperature != 1.0:
             # in fp32, as the sampler divides: a bf16 quotient would be rounded a second time
             logits = logits.float() / temperature
-        out: dict[str, Tensor] = {}
-        if with_entropy and entropy_grad:
-            out["entropy"], out["logp"] = entropy_and_logprobs(logits, labels)
-        else:
-            out["logp"] = gather_logprobs(logits, labels)
-            if with_entropy:
-                with torch.no_grad():
-                    out["entropy"] = entropy_and_logprobs(logits.detach(), labels)[0]
+        out: dict[str, Tensor] = {"logp": gather_logprobs(logits, labels)}
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                out["entropy"] = entropy_from_logits(logits)
         if with_values:
             if self.value_head is None:
                 raise ValueError("this policy has no value head (critic.kind is not 'shared')")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 from functools import cache
@@ -65,6 +66,44 @@ def is_dropout_rate(name: str, value: object) -> bool:
     """A float attribute that holds a random-drop probability by transformers' naming: dropout
     (``attention_dropout``, ``hidden_dropout``, ``resid_pdrop``, …), ``layerdrop``, ``drop_path_rate``."""
     return isinstance(value, float) and not isinstance(value, bool) and "drop" in name
+
+
+def is_checkpointed(*models: nn.Module | None) -> bool:
+    """Whether any of ``models`` has gradient checkpointing switched on (transformers' layer flag)."""
+    return any(vars(m).get("gradient_checkpointing") is True for model in models if model is not None
+               for m in model.modules())
+
+
+@contextlib.contextmanager
+def checkpointing_on(*models: nn.Module | None):
+    """Make gradient checkpointing run in a forward/backward of models that sit in eval mode.
+
+    transformers checkpoints a layer's activations only when that layer is in training mode, and the
+    trained models stay in eval mode (:func:`disable_dropout`). For the duration, put only the
+    modules that carry the checkpointing switch in training mode — their sub-modules (attention,
+    MLP, dropout) stay in eval mode — and zero the dropout rates that some layers read from the model
+    config at forward time; everything is put back afterwards. A no-op for models that do not
+    checkpoint.
+    """
+    modes, rates = [], []
+    for model in (m for m in models if m is not None and is_checkpointed(m)):
+        for sub in model.modules():
+            if vars(sub).get("gradient_checkpointing") is True:
+                modes.append((sub, sub.training))
+            config = vars(sub).get("config")
+            if config is not None and all(c is not config for c, _, _ in rates):
+                rates += [(config, k, v) for k, v in vars(config).items() if is_dropout_rate(k, v) and v != 0.0]
+    for sub, _ in modes:
+        sub.training = True
+    for config, k, _ in rates:
+        setattr(config, k, 0.0)
+    try:
+        yield
+    finally:
+        for sub, training in modes:
+            sub.training = training
+        for config, k, v in rates:
+            setattr(config, k, v)
 
 
 def load_tokenizer(path: str | Path):

@@ -1,10 +1,10 @@
 """The elementwise pieces of a Llama-family layer — RMSNorm, RoPE, SwiGLU — eager, or fused by
 ``torch.compile``.
 
-In eager mode each is several full passes over its tensor (and as many again in the backward); on the
-W1 update they cost ≈ 1.5 s of 8.5 s per iteration while the matmuls already run near the CPU's peak.
+In eager mode each is several full passes over its tensor (and as many again in the backward): memory
+traffic that matters once the matmuls already run near the CPU's peak (docs/benchmarks.md).
 Compiled, each becomes one loop forward and one backward. :func:`set_compiled` compiles them
-(``dynamic=True``: one compile for all batch shapes, ≈ 10 s on 2 CPU cores, cached on disk by
+(``dynamic=True``: one compile for all batch shapes, paid once at start-up and cached on disk by
 inductor) and probes them on small inputs; if there is no working compiler it keeps the eager
 versions and says why. Compiled RMSNorm sums in a different order (differences ≤ 2e-6 relative).
 They serve the training forward and backward only (see :func:`_pick`); inputs smaller than

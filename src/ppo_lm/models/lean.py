@@ -10,8 +10,9 @@ log-probs and values against the plain transformers forward within 1e-5):
   rotary module;
 * no per-row (B, 1, L, L) mask when no row is left-padded: trailing padding cannot reach a valid
   query under a causal mask, so one shared causal pattern is exact for every position that is read;
-* attention is ``scaled_dot_product_attention`` (its fused CPU kernel: W1's forward + backward ran
-  20–40 % faster than two batched matmuls around a softmax, with one thread per CPU lane or two);
+* attention is ``scaled_dot_product_attention`` (its fused CPU kernel avoids materialising the
+  attention probabilities and beats two batched matmuls around a softmax in forward + backward,
+  with one thread per CPU lane or two; see docs/benchmarks.md);
 * ``keep_from``: the last layer computes queries, attention output and MLP only for positions
   ``>= keep_from`` (the earlier positions only contribute keys/values there), and the final norm
   runs on those positions only; ``keep_index`` does the same for any positions per row;
@@ -19,7 +20,8 @@ log-probs and values against the plain transformers forward within 1e-5):
   sequences share a row without seeing each other;
 * decoding writes keys/values into preallocated buffers (:class:`KVBuffers`) instead of
   concatenating a growing cache every step;
-* fp32 CPU matmuls go through oneDNN (:func:`linear`), faster than MKL on the benchmark CPU;
+* fp32 CPU matmuls go through oneDNN (:func:`linear`), which beats MKL's sgemm at these shapes on
+  some x86 CPUs (see docs/benchmarks.md);
 * RMSNorm, RoPE and SwiGLU come from :mod:`ppo_lm.models.kernels` (fused by ``torch.compile`` when
   the trainer enables it).
 
@@ -78,8 +80,9 @@ class _OneDNNLinear(torch.autograd.Function):
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     """``F.linear`` (x (…, in), w (out, in), b (out,) → (…, out)). For fp32 on CPU it runs through
-    oneDNN, which on the benchmark CPU (AMD EPYC, AVX-512) does these shapes 10–30 % faster than the
-    MKL sgemm behind ``F.linear``; same fp32 arithmetic, different summation blocking.
+    oneDNN, which on some x86 CPUs (AVX-512 AMD EPYC, for one) runs these mid-sized shapes faster
+    than the MKL sgemm behind ``F.linear`` (docs/benchmarks.md has measurements); same fp32
+    arithmetic, different summation blocking.
     ``PPO_LM_ONEDNN=0`` turns this off."""
     if (_ONEDNN is None or x.device.type != "cpu" or x.dtype != torch.float32 or w.dtype != torch.float32
             or x.numel() < _ONEDNN_MIN_ROWS * x.shape[-1]):

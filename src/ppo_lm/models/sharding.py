@@ -1,5 +1,6 @@
-"""FSDP2 (``fully_shard``) for policy, critic and the frozen reference and reward models, and
-full-state-dict checkpoint I/O for the trainable ones.
+"""Data parallelism for the trained and frozen models: DDP or FSDP2 (``fully_shard``) wrapping,
+gradient synchronisation and norms as the update loop needs them, and full-state-dict checkpoint
+I/O for the trainable models.
 
 Layout: every decoder layer of a model's body is its own FSDP unit, and the wrapper module the loop
 calls (``PolicyModel`` / ``CriticModel``) is the root unit holding embeddings, final norm and heads.
@@ -70,6 +71,52 @@ def frozen_mode(module: nn.Module | None):
     """Grad mode for a frozen model's forward: ``inference_mode``, or ``no_grad`` when it is sharded
     (FSDP writes the gathered parameters into its own buffers, which inference mode forbids)."""
     return torch.no_grad() if is_sharded(module) else torch.inference_mode()
+
+
+def prepare_for_training(policy: nn.Module, critic: nn.Module | None, *, fsdp: bool, bf16: bool = False,
+                         device: torch.device | None = None) -> tuple[nn.Module, nn.Module | None]:
+    """Under torch.distributed, make the trained models data-parallel; returns the modules whose
+    forward the update calls (the models themselves, or their DDP wrappers).
+
+    ``fsdp``: shard policy and critic in place (call before their optimisers are built: sharding
+    replaces the parameters). Otherwise DDP, which averages gradients over ranks in backward. A
+    no-op in a single process.
+    """
+    import torch.distributed as tdist
+
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return policy, critic
+    if fsdp:
+        shard(policy, policy.lm, bf16=bf16)
+        if critic is not None:
+            shard(critic, critic.model, bf16=bf16)
+        return policy, critic
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [device.index] if device is not None and device.type == "cuda" else None
+    # a shared critic's value head is unused on policy-only forwards (critic warm-up, no values)
+    policy_fwd = DDP(policy, device_ids=ids, find_unused_parameters=getattr(policy, "value_head", None) is not None)
+    return policy_fwd, (DDP(critic, device_ids=ids) if critic is not None else None)
+
+
+def no_sync(*modules: nn.Module | None, skip: bool):
+    """DDP's ``no_sync`` for every wrapped module when ``skip`` (gradient accumulation: gradients are
+    all-reduced once, on a minibatch's last micro-batch), else a no-op."""
+    stack = contextlib.ExitStack()
+    if skip:
+        for m in modules:
+            if m is not None and hasattr(m, "no_sync"):
+                stack.enter_context(m.no_sync())
+    return stack
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
+    """Clip the gradients of ``params`` to a global norm of ``max_norm``; returns the norm before
+    clipping (of the whole model under FSDP, whose norm is a DTensor), 0 without parameters."""
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 def _options(**kw):

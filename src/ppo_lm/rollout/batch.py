@@ -1,4 +1,5 @@
-"""Typed container of one rollout (SPEC §1.1): everything the update needs, detached data."""
+"""Typed containers of one rollout (docs/algorithm.md §1.1) and of the update's data (§1.4), and the row groups
+that forwards over them run in."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 from torch import Tensor
+
+from .. import distributed as dist
 
 WIDTH_STEP = 16
 """Trimmed response widths are rounded up to a multiple of this (within the block): a few distinct
@@ -58,20 +61,52 @@ def length_groups(lengths: Tensor, size: int = 0, *, prompt_width: int = 0,
     return [(g, trimmed_width(int(lengths[g].max()), full)) for g in groups if g.numel()]
 
 
-@dataclass
+def agreed_length_groups(lengths: Tensor, size: int = 0, *, prompt_width: int = 0) -> list[tuple[Tensor, int]]:
+    """:func:`length_groups`, with as many groups on every data-parallel rank: sharded (FSDP) models
+    all-gather in every forward and DDP's forward is a collective, so the ranks must run the same
+    number of forwards. (``size`` > 0 fixes the count already: every rank has as many rows.)"""
+    groups = length_groups(lengths, size, prompt_width=prompt_width)
+    if not size and dist.world_size() > 1:
+        k = int(dist.all_reduce_max(torch.tensor(len(groups))))
+        if k != len(groups):
+            groups = length_groups(lengths, num_groups=k, prompt_width=prompt_width)
+    return groups
+
+
+def _select(batch, idx: Tensor, trim: bool):
+    """Rows ``idx`` of a batch dataclass; with ``trim`` the response block is cut to the longest
+    selected response (rounded up by :func:`trimmed_width`), so a forward never pays for padding
+    beyond it."""
+    T = batch.response_mask.shape[1]
+    width = trimmed_width(int(batch.response_mask[idx].sum(1).max()), T) if trim and idx.numel() else T
+    out = {}
+    for f in fields(batch):
+        v = getattr(batch, f.name)
+        if isinstance(v, Tensor):
+            v = v[idx]
+            if v.dim() == 2:
+                v = v[:, : batch.prompt_width + width] if f.name in ("input_ids", "attention_mask") else v[:, :width]
+        elif isinstance(v, list):
+            v = [v[i] for i in idx.tolist()] if v else v
+        out[f.name] = v
+    return replace(batch, **out)
+
+
+@dataclass(frozen=True)
 class RolloutBatch:
-    """B episodes; P = prompt block width (left-padded), T = response block width (right-padded).
+    """Step 1's output (docs/algorithm.md §1.1): B episodes; P = prompt block width (left-padded), T = response
+    block width (right-padded). Detached data.
 
     input_ids, attention_mask: (B, P + T) prompt ‖ response.
     response_mask: (B, T) bool, valid response tokens (the stop token included).
     terminated: (B,) bool, True when a stop token ended the response (False = cut by the limit).
     logp_old, logp_ref: (B, T) log-probs of the sampled tokens under π_old and π_ref.
+    scores: (B,) verifier / reward-model score (after the missing-EOS penalty).
     values_old: (B, T) V_old(x_t), or None without a critic.
     bootstrap_values: (B,) V_old(x_{T_i+1}) (used for truncated rows), or None without a critic.
-    scores: (B,) verifier / reward-model score (after the missing-EOS penalty).
-    rewards: (B, T) shaped rewards; advantages, returns: (B, T) filled by the advantage step.
     gold_scores: (B,) monitoring-only verifier scores (``model.gold_reward``), or None.
-    group_ids: (B,) index of the prompt each episode was sampled from (groups are contiguous).
+    prompts, responses: the texts, for the samples log.
+    Episodes are laid out group-contiguous: [p0s0, p0s1, …, p1s0, …].
     """
 
     input_ids: Tensor
@@ -82,12 +117,8 @@ class RolloutBatch:
     logp_old: Tensor
     logp_ref: Tensor
     scores: Tensor
-    group_ids: Tensor
     values_old: Tensor | None = None
     bootstrap_values: Tensor | None = None
-    rewards: Tensor | None = None
-    advantages: Tensor | None = None
-    returns: Tensor | None = None
     gold_scores: Tensor | None = None
     prompts: list[str] = field(default_factory=list)
     responses: list[str] = field(default_factory=list)
@@ -101,23 +132,38 @@ class RolloutBatch:
         return self.response_mask.sum(1)
 
     def select(self, idx: Tensor, *, trim: bool = True) -> RolloutBatch:
-        """Rows ``idx``; with ``trim`` the response block is cut to the longest selected response
-        (rounded up by :func:`trimmed_width`), so the update never pays for padding beyond it."""
-        T = self.response_mask.shape[1]
-        width = trimmed_width(int(self.response_mask[idx].sum(1).max()), T) if trim and idx.numel() else T
-        out = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, Tensor):
-                v = v[idx]
-                if v.dim() == 2:
-                    v = v[:, : self.prompt_width + width] if f.name in ("input_ids", "attention_mask") else v[:, :width]
-            elif isinstance(v, list):
-                v = [v[i] for i in idx.tolist()] if v else v
-            out[f.name] = v
-        return replace(self, **out)
+        """Rows ``idx`` (see :func:`_select`)."""
+        return _select(self, idx, trim)
 
-    def to(self, device: torch.device | str) -> RolloutBatch:
-        return replace(
-            self, **{f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+    def with_targets(self, advantages: Tensor, returns: Tensor | None) -> UpdateBatch:
+        """What step 4 trains on: this rollout with the advantages and returns of steps 2–3."""
+        return UpdateBatch(
+            input_ids=self.input_ids, attention_mask=self.attention_mask, prompt_width=self.prompt_width,
+            response_mask=self.response_mask, logp_old=self.logp_old, logp_ref=self.logp_ref,
+            advantages=advantages, values_old=self.values_old, returns=returns,
         )
+
+
+@dataclass(frozen=True)
+class UpdateBatch:
+    """The update's data (docs/algorithm.md §1.4): a rollout's sequences and stored log-probs and values, with
+    the advantages Â and critic targets R̂ of steps 2–3. Shapes as :class:`RolloutBatch`;
+    advantages (B, T); values_old, returns (B, T), or None without a critic."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    prompt_width: int
+    response_mask: Tensor
+    logp_old: Tensor
+    logp_ref: Tensor
+    advantages: Tensor
+    values_old: Tensor | None = None
+    returns: Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, idx: Tensor, *, trim: bool = True) -> UpdateBatch:
+        """Rows ``idx`` (see :func:`_select`)."""
+        return _select(self, idx, trim)

@@ -1,4 +1,4 @@
-"""Step 1 of the loop (SPEC §1.1): sample responses, then score them with every model, no gradients."""
+"""Step 1 of the loop (docs/algorithm.md §1.1): sample responses, then score them with every model, no gradients."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from .. import distributed as dist
 from ..lanes import Lanes
 from ..models.actor_critic import CriticModel, PolicyModel
-from ..models.hf_compat import hidden_size
 from ..models.sharding import frozen_mode, gathered
-from .batch import RolloutBatch, length_groups
+from .batch import RolloutBatch, agreed_length_groups
 from .reward import Verifier, score_with_model, score_with_verifier
 from .sampling import SamplingParams, generate
 from .text import encode_prompts, response_texts
@@ -49,7 +47,7 @@ def collect_rollout(
 ) -> RolloutBatch:
     """Sample ``samples_per_prompt`` responses per prompt row and score them.
 
-    ``lanes``: on CPU, score shares of the rows side by side (:mod:`ppo_lm.lanes`).
+    ``lanes``: how forwards over rows run (on CPU: shares side by side, :mod:`ppo_lm.lanes`).
     ``logp_from_sampler``: logp_old from the decode logits (no scoring forward of the policy, unless
     the shared critic needs it for values); by default a training-layout forward computes it.
 
@@ -81,12 +79,7 @@ def collect_rollout(
     if models.critic is not None or models.shared_critic:
         values_all = torch.zeros(B, T + 1, device=device)
     lengths = gen.mask.sum(1)
-    groups = length_groups(lengths, forward_batch_size, prompt_width=P)  # (rows, response width) per forward
-    if not forward_batch_size and dist.world_size() > 1:
-        # Sharded (FSDP) models all-gather in every forward: the ranks must run as many forwards.
-        k = int(dist.all_reduce_max(torch.tensor(len(groups))))
-        if k != len(groups):
-            groups = length_groups(lengths, num_groups=k, prompt_width=P)
+    groups = agreed_length_groups(lengths, forward_batch_size, prompt_width=P)  # (rows, response width) per forward
     # By default logp_old comes from the training forward (not the decode logits), so the first
     # update's ratio is 1 to rounding.
     sampler_logp = gen.logprobs is not None and not models.shared_critic
@@ -95,7 +88,7 @@ def collect_rollout(
     last_index = P + lengths - 1
     scores = torch.zeros(B, device=device)
 
-    def score_rows(rows: Tensor, w: int) -> None:
+    def score_rows(rows: Tensor, *, w: int) -> None:
         # Every model on these rows; the outputs are preallocated and rows are disjoint between lanes.
         ids, mask = input_ids[rows, : P + w], attention_mask[rows, : P + w]
         with torch.no_grad():
@@ -111,10 +104,9 @@ def collect_rollout(
         if models.reward_model is not None:
             scores[rows] = score_with_model(models.reward_model, ids, mask, last_index[rows])
 
-    # On CPU each group's rows are shared among lanes (threads) that run at once.
     lanes = lanes or Lanes(1)
     for rows, w in groups:
-        lanes.run([partial(score_rows, r, w) for r in lanes.shares(rows, P + w, hidden_size(models.policy.lm))])
+        lanes.map_rows(partial(score_rows, w=w), rows, lengths[rows], P)
     logp_ref = logp_ref.clone()  # leave inference mode: these tensors are used next to autograd ones
 
     responses_text = response_texts(tokenizer, gen)
@@ -142,7 +134,6 @@ def collect_rollout(
         logp_old=logp_old.where(gen.mask, 0),
         logp_ref=logp_ref.where(gen.mask, 0),
         scores=scores.float(),
-        group_ids=torch.arange(B, device=device) // samples_per_prompt,
         values_old=values_old,
         bootstrap_values=bootstrap,
         gold_scores=gold,

@@ -1,4 +1,4 @@
-"""Scoring complete responses: rule-based verifiers and learned reward models (SPEC §2)."""
+"""Scoring complete responses: rule-based verifiers and learned reward models (docs/algorithm.md §2)."""
 
 from __future__ import annotations
 

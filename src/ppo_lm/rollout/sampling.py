@@ -1,4 +1,4 @@
-"""KV-cached autoregressive sampling for rollouts (SPEC §1.1).
+"""KV-cached autoregressive sampling for rollouts (docs/algorithm.md §1.1).
 
 One prefill over the left-padded prompts, then one single-token forward per step with a KV cache.
 Sequences that stop leave the decode batch (their cache rows are dropped, in steps of
@@ -67,7 +67,8 @@ def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generat
 
 def sample_categorical(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     """One draw per row of (N, V) probabilities by inverting the CDF: one uniform number per row
-    (``torch.multinomial`` draws V exponentials per row, 5 % of W1's decoding time).
+    (``torch.multinomial`` draws V exponentials per row, a visible share of decoding time
+    even at small vocabularies; see docs/benchmarks.md).
 
     Token i is drawn when u ∈ [cdf_{i−1}, cdf_i); a zero-probability token has an empty interval, so
     filtered tokens are never drawn. Returns (N,) token ids.
@@ -150,7 +151,8 @@ class _LeanDecoder:
 DECODE_ROWS_STEP = 8
 """The decode batch shrinks in steps of this many rows: a handful of matmul shapes per batch size,
 so oneDNN's per-shape primitive cache (:mod:`ppo_lm.models.lean`) and the allocator reuse what they
-built (one shape per running count made W2's peak memory grow by ≈ 100 MB over 4 iterations)."""
+built (one shape per running count would keep building new ones, and growing peak memory, over the
+iterations whenever responses stop early; see docs/benchmarks.md)."""
 
 
 def decode_rows(n_running: int, current: int) -> int:

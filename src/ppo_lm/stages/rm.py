@@ -1,4 +1,4 @@
-"""Bradley–Terry reward model: training on preference pairs and last-token scoring (SPEC §2).
+"""Bradley–Terry reward model: training on preference pairs and last-token scoring (docs/algorithm.md §2).
 
 The model is any ``AutoModelForSequenceClassification`` with ``num_labels=1`` whose head is a
 ``score`` layer on top of ``model.base_model`` (Llama/Qwen2/Mistral/GPT-2 style). A sequence is

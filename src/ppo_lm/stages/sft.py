@@ -3,7 +3,7 @@
 Loss is next-token cross-entropy on response tokens only (the response text plus EOS), averaged over
 response tokens of the batch. Prompt positions carry label -100: the policy is conditioned on prompts,
 never trained to produce them, which is also all PPO will ask of it. Works with any HF causal LM and
-tokenizer; the built-in task uses it to make an imperfect starting policy (SPEC §5).
+tokenizer; the built-in task uses it to make an imperfect starting policy (docs/algorithm.md §5).
 """
 
 from __future__ import annotations

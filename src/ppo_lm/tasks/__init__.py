@@ -1,4 +1,4 @@
-"""Built-in tasks that run offline; see ``SPEC.md`` §5."""
+"""Built-in tasks that run offline; see docs/algorithm.md §5."""
 
 from .equations import (
     PROMPT_TEMPLATE,

@@ -1,4 +1,4 @@
-"""The built-in linear-equation task (SPEC §5): data, verifier, tokenizer and tiny models.
+"""The built-in linear-equation task (docs/algorithm.md §5): data, verifier, tokenizer and tiny models.
 
 Format (one character per token, see :func:`build_tokenizer`)::
 

@@ -47,14 +47,16 @@ class ModelConfig:
     """With fsdp: bf16 compute/all-gather (fp32 master weights and gradient reduction)."""
     compile_kernels: bool = False
     """Fuse RMSNorm, RoPE and SwiGLU of Qwen2/Llama training forwards/backwards with torch.compile
-    (W1 update on 2 CPU cores: ≈ 4 % faster with one lane, ≈ 1 % with two; ≈ 15 s of compiling at
-    start, ≈ 4 s once inductor's disk cache is warm). Falls back to eager kernels with a warning when
-    no compiler is usable."""
+    (each becomes one loop instead of several passes over its tensor). Costs a compile at start-up
+    (shorter once inductor's disk cache is warm) and needs a C++ compiler (CPU) or Triton (GPU); the
+    gain is largest with cpu_lanes = 1 (see docs/benchmarks.md). Falls back to eager kernels with a
+    warning when no compiler is usable."""
     cpu_lanes: int = 2
     """On CPU in a single process: share the rows of each update micro-batch and each scoring forward
     among this many threads that run at once, each with its share of torch's threads; their
-    gradients are summed (W1 on 2 cores: ≈ 8 % faster per iteration, peak RSS +130 MB for the second
-    thread's malloc arena). 1 = one thread. Ignored on GPUs and under torchrun."""
+    gradients are summed. Fills the gaps where one op's threads would wait between ops (Python, the
+    autograd engine, ops too small to split); each extra lane adds a malloc arena to peak memory (see
+    docs/benchmarks.md). 1 = one thread. Ignored on GPUs and under torchrun."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weight dtype of the policy (and its frozen reference), a reward-model checkpoint and the separate
     critic, as the trainer builds or loads them."""
@@ -85,10 +87,10 @@ class RolloutConfig:
     has num_prompts × samples_per_prompt episodes."""
     max_new_tokens: int = 8
     """Response length limit in tokens; a response cut there without a stop token is truncated and
-    bootstraps from V (SPEC §1.3). Also the constant divisor of seq-mean-token-sum-norm."""
+    bootstraps from V (docs/algorithm.md §1.3). Also the constant divisor of seq-mean-token-sum-norm."""
     min_new_tokens: int = 0
     """Stop tokens cannot be sampled before this many response tokens (= max_new_tokens gives
-    fixed-length responses, as in the W1 benchmark)."""
+    fixed-length responses, e.g. for a benchmark with a fixed amount of work)."""
     temperature: float = 1.0
     """Sampling temperature (> 0); logp_old, logp_ref and the trained log-probs are all taken under
     softmax(logits / temperature)."""
@@ -106,14 +108,14 @@ class RolloutConfig:
     """Batch size of the scoring forwards (policy/ref/critic/reward); 0 = the whole rollout."""
     logp_from_sampler: bool = False
     """Take logp_old from the sampler's logits instead of a scoring forward of the policy (saves
-    that forward, ≈ 4 % of a W1 iteration). The two agree within 1e-5 but not exactly, so the first
+    one policy forward per iteration). The two agree within 1e-5 but not exactly, so the first
     update's ratio is 1 only to ≈ 1e-6. Ignored with a shared critic (its values need the forward)."""
 
 
 @dataclass
 class AlgoConfig:
     estimator: Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce++"] = "gae"
-    """Advantage estimator: 'gae' (critic; Schulman et al. 2015), or critic-free (SPEC §3): 'grpo' (Shao
+    """Advantage estimator: 'gae' (critic; Schulman et al. 2015), or critic-free (docs/algorithm.md §3): 'grpo' (Shao
     et al. 2024), 'dr_grpo' (Liu et al. 2025), 'rloo' (Ahmadian et al. 2024), 'reinforce++' (Hu 2025)."""
     policy_loss: Literal["ppo", "pg"] = "ppo"
     """Policy loss: 'ppo' = the clipped surrogate (Schulman et al. 2017); 'pg' = the unclipped
@@ -131,15 +133,19 @@ class AlgoConfig:
     whiten_advantages: bool = True
     """Whiten GAE advantages over the global batch (critic-free estimators normalise themselves)."""
     kl_coef: float = 0.05
-    """β of the reference KL (SPEC §1.2), in the reward or as a loss term (see kl_in); the starting value
+    """β of the reference KL (docs/algorithm.md §1.2), in the reward or as a loss term (see kl_in); the starting value
     when adaptive (then > 0); 0 = no KL penalty."""
     kl_estimator: Literal["auto", "k1", "k2", "k3"] = "auto"
-    """KL(π ‖ π_ref) per token (SPEC §1.2). auto: k1 in the reward; k3 as a loss term (unbiased and
+    """KL(π ‖ π_ref) per token (docs/algorithm.md §1.2). auto: k1 in the reward; k3 as a loss term (unbiased and
     ≥ 0, as in GRPO; k1 as a loss has zero expected gradient on-policy)."""
+    kl_clamp: float | None = 10.0
+    """A KL loss term's per-token estimate is clipped to [−kl_clamp, kl_clamp] (as verl and OpenRLHF
+    do: k3 explodes where π_θ has moved far from π_ref); clipped tokens pass no gradient, and their
+    share is logged as kl_clamp_frac. None = no clamp. Not used for a KL in the reward."""
     kl_in: Literal["auto", "reward", "loss"] = "auto"
     """Where the reference KL goes: into the shaped reward, or as a loss term β·KL. auto: the reward
     for estimators that learn from it (gae, reinforce++), the loss for those built from the scores alone
-    (grpo, dr_grpo, rloo; SPEC §3), where a KL in the reward would have no effect."""
+    (grpo, dr_grpo, rloo; docs/algorithm.md §3), where a KL in the reward would have no effect."""
     adaptive_kl_target: float | None = None
     """Target per-response KL for the adaptive β of Ziegler et al. 2019; None = fixed β."""
     adaptive_kl_horizon: float = 10000.0
@@ -155,23 +161,23 @@ class AlgoConfig:
     dual_clip: float | None = None
     """Dual-clip constant c > 1 for negative advantages; None = off."""
     value_clip_eps: float | None = 0.2
-    """Value clipping ε_v (SPEC §1.4), in reward units: the loss takes the larger of (V − R̂)² and
+    """Value clipping ε_v (docs/algorithm.md §1.4), in reward units: the loss takes the larger of (V − R̂)² and
     (clip(V, V_old ± ε_v) − R̂)²; None = unclipped."""
     vf_coef: float = 0.1
-    """c₁: weight of the value loss (SPEC §1.4). Added to the policy loss with a shared critic; with a
+    """c₁: weight of the value loss (docs/algorithm.md §1.4). Added to the policy loss with a shared critic; with a
     separate critic it scales that critic's own loss."""
     entropy_coef: float = 0.0
-    """c₂: weight of the entropy bonus −c₂·H[π_θ] in the policy loss (SPEC §1.4); 0 = no bonus (the
+    """c₂: weight of the entropy bonus −c₂·H[π_θ] in the policy loss (docs/algorithm.md §1.4); 0 = no bonus (the
     entropy is still logged, from the first epoch)."""
     loss_agg: Literal["auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "auto"
     """How per-token losses become one. auto: token-mean, or the estimator's own (dr_grpo:
-    seq-mean-token-sum-norm, SPEC §3)."""
+    seq-mean-token-sum-norm, docs/algorithm.md §3)."""
 
 
 @dataclass
 class OptimConfig:
     epochs: int = 4
-    """PPO epochs K: passes over each rollout, reshuffled into minibatches every pass (SPEC §1.4)."""
+    """PPO epochs K: passes over each rollout, reshuffled into minibatches every pass (docs/algorithm.md §1.4)."""
     num_minibatches: int = 2
     """Minibatches per epoch, one optimiser step each; must divide the episodes per process
     (num_prompts / processes × samples_per_prompt)."""
@@ -197,7 +203,7 @@ class OptimConfig:
     0 = none."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this, separately for the policy's and the critic's parameters
-    (SPEC §1.4)."""
+    (docs/algorithm.md §1.4)."""
     critic_warmup_iterations: int = 0
     """The first N iterations train only the critic (policy frozen)."""
     max_nonfinite_in_row: int = 3
@@ -239,13 +245,13 @@ class TrainConfig:
     threads: int = 0
     """torch CPU threads; 0 = leave torch's default."""
     model: ModelConfig = field(default_factory=ModelConfig)
-    """Policy, reference, reward and critic models (SPEC §2)."""
+    """Policy, reference, reward and critic models (docs/algorithm.md §2)."""
     data: DataConfig = field(default_factory=DataConfig)
     """Training prompts."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    """Sampling of responses and their scoring (SPEC §1.1)."""
+    """Sampling of responses and their scoring (docs/algorithm.md §1.1)."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
-    """Reward shaping, advantages and losses (SPEC §1.2–1.4, §3)."""
+    """Reward shaping, advantages and losses (docs/algorithm.md §1.2–1.4, §3)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Epochs, minibatches, optimisers and learning rates of the update."""
     log: LogConfig = field(default_factory=LogConfig)

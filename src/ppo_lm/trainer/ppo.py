@@ -1,4 +1,4 @@
-"""The PPO loop of SPEC §1, top to bottom: rollout → shaped reward → advantages → K epochs of updates.
+"""The PPO loop of docs/algorithm.md §1, top to bottom: rollout → shaped reward → advantages → K epochs of updates.
 
 Read :meth:`PPOTrainer.train_iteration` first; everything else sets up or persists state.
 """
@@ -6,14 +6,13 @@ Read :meth:`PPOTrainer.train_iteration` first; everything else sets up or persis
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
+from torch import Tensor
 
 from .. import distributed as dist
 from ..algorithms import (
@@ -21,10 +20,11 @@ from ..algorithms import (
     AdvantageInputs,
     AdvantageSettings,
     FixedKLController,
+    assume_valid_masks,
+    check_response_mask,
     compute_advantages,
     explained_variance,
     get_advantage_estimator,
-    get_policy_loss,
     kl_penalty,
     shape_rewards,
     whiten,
@@ -37,9 +37,10 @@ from ..rollout.sampling import SamplingParams
 from . import builders
 from .config import AlgoConfig, TrainConfig
 from .config_io import ConfigError, dump_yaml, from_dict, load_saved_config, resume_differences, to_dict
+from .learner import build_learner
 from .metrics_log import MetricsLogger, truncate_jsonl
-from .state import TrainState, load_checkpoint, save_checkpoint
-from .update import UpdateContext, ppo_update
+from .state import RngStreams, RunState, TrainState, load_checkpoint, save_checkpoint
+from .update import ppo_update
 from .validate import effective_algo, resolve_algo
 
 
@@ -66,9 +67,8 @@ class PPOTrainer:
         self.output_dir = Path(cfg.output_dir)
         a = cfg.algo
         self.estimator = get_advantage_estimator(a.estimator)
-        self.policy_loss_fn = get_policy_loss(a.policy_loss)
 
-        # Models (SPEC §2). Seeded so every rank builds identical initial weights.
+        # Models (docs/algorithm.md §2). Seeded so every rank builds identical initial weights.
         kernels.set_compiled(cfg.model.compile_kernels, self.device, builders.DTYPES[cfg.model.dtype])
         torch.manual_seed(cfg.seed)
         self.tokenizer = tokenizer if tokenizer is not None else builders.build_tokenizer(cfg.model)
@@ -114,7 +114,7 @@ class PPOTrainer:
             AdaptiveKLController(a.kl_coef, a.adaptive_kl_target, a.adaptive_kl_horizon)
             if a.adaptive_kl_target is not None else FixedKLController(a.kl_coef)
         )
-        self.update_ctx = UpdateContext.build(cfg, self.policy, self.critic, self.device)
+        self.learner = build_learner(cfg, self.policy, self.critic, self.device)
         if self.reward_model is not None:
             self.reward_model = RewardScorer(self.reward_model)
         if cfg.model.fsdp and dist.is_initialized():  # the frozen models too: each rank holds 1/world of them
@@ -124,6 +124,8 @@ class PPOTrainer:
         self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + self.rank + 1)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank + 500)
         self.state = TrainState()
+        self.run_state = RunState(self.learner, self.tokenizer, self.kl_ctl,
+                                  RngStreams(self.sample_gen, self.shuffle_gen), self.state)
 
     # ------------------------------------------------------------------------------------------
     def prompts_for(self, iteration: int) -> list[dict]:
@@ -159,7 +161,7 @@ class PPOTrainer:
             sampling=self.sampling, samples_per_prompt=cfg.rollout.samples_per_prompt,
             generator=self.sample_gen, forward_batch_size=cfg.rollout.forward_batch_size,
             missing_eos_penalty=cfg.rollout.missing_eos_penalty, device=self.device, timings=timings,
-            logp_from_sampler=cfg.rollout.logp_from_sampler, lanes=self.update_ctx.lanes,
+            logp_from_sampler=cfg.rollout.logp_from_sampler, lanes=self.learner.lanes,
         )
 
     def learn(
@@ -173,51 +175,56 @@ class PPOTrainer:
         timings.setdefault("score_s", 0.0)
         t_start = time.perf_counter() if t_start is None else t_start
 
-        # 2. Shaped reward: r_t = −β·kl_t, plus the score at the last token (KL in the reward), or
-        #    the score alone when the KL is a loss term.
-        t2 = time.perf_counter()
-        beta = self.kl_ctl.value
+        # Checked once here; the algorithm functions below then skip their per-call mask checks.
         mask = batch.response_mask
-        reward_beta = beta if a.kl_in == "reward" else 0.0
-        batch.rewards = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, mask,
-                                      kl_coef=reward_beta, kl_estimator=a.kl_estimator)
-        critic_rewards = None
-        if a.critic_target == "score" and reward_beta > 0:
-            critic_rewards = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, mask, kl_coef=0.0)
+        check_response_mask(mask)
+        with assume_valid_masks():
+            # 2. Shaped reward: r_t = −β·kl_t, plus the score at the last token (KL in the reward),
+            #    or the score alone when the KL is a loss term.
+            t2 = time.perf_counter()
+            beta = self.kl_ctl.value
+            reward_beta = beta if a.kl_in == "reward" else 0.0
+            rewards = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, mask,
+                                    kl_coef=reward_beta, kl_estimator=a.kl_estimator)
+            critic_rewards = None
+            if a.critic_target == "score" and reward_beta > 0:
+                critic_rewards = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, mask, kl_coef=0.0)
 
-        # 3. Advantages and critic targets (GAE, or a critic-free estimator).
-        inputs = AdvantageInputs(
-            rewards=batch.rewards, mask=mask, scores=batch.scores, terminated=batch.terminated,
-            values=batch.values_old, bootstrap_values=batch.bootstrap_values,
-            group_size=cfg.rollout.samples_per_prompt, critic_rewards=critic_rewards,
-        )
-        settings = AdvantageSettings(gamma=a.gamma, lam=a.gae_lambda, critic_lam=a.critic_lambda,
-                                     adaptive_lam_alpha=a.adaptive_lambda_alpha)
-        advantages, returns = compute_advantages(a.estimator, inputs, settings, all_reduce=dist.all_reduce_sum)
-        if a.estimator == "gae" and a.whiten_advantages:
-            advantages = whiten(advantages, mask, all_reduce=dist.all_reduce_sum)
-        batch.advantages, batch.returns = advantages, returns
-        timings["advantage_s"] = time.perf_counter() - t2
+            # 3. Advantages and critic targets (GAE, or a critic-free estimator).
+            inputs = AdvantageInputs(
+                rewards=rewards, mask=mask, scores=batch.scores, terminated=batch.terminated,
+                values=batch.values_old, bootstrap_values=batch.bootstrap_values,
+                group_size=cfg.rollout.samples_per_prompt, critic_rewards=critic_rewards,
+            )
+            settings = AdvantageSettings(gamma=a.gamma, lam=a.gae_lambda, critic_lam=a.critic_lambda,
+                                         adaptive_lam_alpha=a.adaptive_lambda_alpha)
+            advantages, returns = compute_advantages(a.estimator, inputs, settings, all_reduce=dist.all_reduce_sum)
+            if a.estimator == "gae" and a.whiten_advantages:
+                advantages = whiten(advantages, mask, all_reduce=dist.all_reduce_sum)
+            timings["advantage_s"] = time.perf_counter() - t2
 
-        # 4. K epochs of minibatch updates on the fixed rollout.
-        t4 = time.perf_counter()
-        train_policy = iteration > cfg.optim.critic_warmup_iterations
-        upd = ppo_update(self.update_ctx, batch, self.policy_loss_fn, self.shuffle_gen, train_policy=train_policy,
-                         kl_coef=beta if a.kl_in == "loss" else 0.0, nonfinite_in_row=self.state.nonfinite_in_row)
-        timings["update_s"] = time.perf_counter() - t4
-        self.state.nonfinite_in_row = int(upd.pop("nonfinite_in_row"))
-        self.state.nonfinite_total += int(upd["nonfinite_skipped"])
-        longest = int(upd.pop("nonfinite_max_in_row"))
-        if longest >= cfg.optim.max_nonfinite_in_row:
+            # 4. K epochs of minibatch updates on the fixed rollout.
+            t4 = time.perf_counter()
+            upd = ppo_update(self.learner, batch.with_targets(advantages, returns), cfg, self.shuffle_gen,
+                             train_policy=iteration > cfg.optim.critic_warmup_iterations,
+                             kl_coef=beta if a.kl_in == "loss" else 0.0,
+                             nonfinite_in_row=self.state.nonfinite_in_row)
+            timings["update_s"] = time.perf_counter() - t4
+        self.state.nonfinite_in_row = upd.nonfinite_in_row
+        self.state.nonfinite_total += upd.skipped
+        if upd.nonfinite_max_in_row >= cfg.optim.max_nonfinite_in_row:
             raise NonFiniteLossError(
-                f"{longest} consecutive minibatch updates had a non-finite loss or gradient (iteration "
-                f"{iteration}; `optim.max_nonfinite_in_row`={cfg.optim.max_nonfinite_in_row}): lower the learning "
-                "rates or check the reward scale"
+                f"{upd.nonfinite_max_in_row} consecutive minibatch updates had a non-finite loss or gradient "
+                f"(iteration {iteration}; `optim.max_nonfinite_in_row`={cfg.optim.max_nonfinite_in_row}): lower "
+                "the learning rates or check the reward scale"
             )
 
         # 5. Diagnostics over the global batch, then the KL controller sees this batch's KL.
-        metrics = self._rollout_metrics(batch, beta)
-        metrics.update({k: v for k, v in upd.items() if k != "nonfinite_skipped"})
+        metrics = self._rollout_metrics(batch, rewards, advantages, returns, beta)
+        metrics.update(upd.stats.as_dict())
+        metrics["lr_actor"] = upd.lr_actor
+        if upd.lr_critic is not None:
+            metrics["lr_critic"] = upd.lr_critic
         metrics["nonfinite_skipped_total"] = float(self.state.nonfinite_total)
         n_episodes = batch.size * self.world
         self.kl_ctl.update(metrics["ref_kl"], n_episodes)
@@ -231,15 +238,16 @@ class PPOTrainer:
         self._last_batch = batch
         return metrics
 
-    def _rollout_metrics(self, batch: RolloutBatch, beta: float) -> dict[str, float]:
+    def _rollout_metrics(self, batch: RolloutBatch, rewards: Tensor, advantages: Tensor, returns: Tensor | None,
+                         beta: float) -> dict[str, float]:
         a, mask = self.cfg.algo, batch.response_mask
         mf = mask.float()
         lengths = mf.sum(1)
         kl = kl_penalty(batch.logp_old, batch.logp_ref, a.kl_estimator).where(mask, 0).sum(1)
         sums = torch.stack([
-            torch.tensor(float(batch.size)), batch.scores.sum().cpu(), batch.rewards.sum().cpu(), kl.sum().cpu(),
+            torch.tensor(float(batch.size)), batch.scores.sum().cpu(), rewards.sum().cpu(), kl.sum().cpu(),
             lengths.sum().cpu(), (~batch.terminated).float().sum().cpu(), mf.sum().cpu(),
-            batch.advantages.where(mask, 0).sum().cpu(), batch.advantages.where(mask, 0).square().sum().cpu(),
+            advantages.where(mask, 0).sum().cpu(), advantages.where(mask, 0).square().sum().cpu(),
         ]).double()
         n, s_score, s_rew, s_kl, s_len, s_trunc, n_tok, s_adv, s_adv2 = dist.all_reduce_sum(sums).tolist()
         adv_mean = s_adv / n_tok
@@ -256,11 +264,11 @@ class PPOTrainer:
         }
         if batch.gold_scores is not None:
             m["gold_score"] = float(dist.all_reduce_sum(batch.gold_scores.sum().double().cpu())) / n
-        if batch.values_old is not None and batch.returns is not None:
-            ev = explained_variance(batch.values_old, batch.returns, mask, all_reduce=dist.all_reduce_sum)
+        if batch.values_old is not None and returns is not None:
+            ev = explained_variance(batch.values_old, returns, mask, all_reduce=dist.all_reduce_sum)
             m["explained_variance"] = float(ev)
             s_v, s_ret = dist.all_reduce_sum(torch.stack([batch.values_old.where(mask, 0).sum(),
-                                                          batch.returns.where(mask, 0).sum()]).double().cpu()).tolist()
+                                                          returns.where(mask, 0).sum()]).double().cpu()).tolist()
             m["value_mean"] = s_v / n_tok
             m["return_mean"] = s_ret / n_tok
         return m
@@ -305,7 +313,7 @@ class PPOTrainer:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         if cfg.resume:
             self._check_resume_config()
-            start = load_checkpoint(self, self.output_dir)
+            start = load_checkpoint(self.run_state, self.output_dir)
             if effective_algo(cfg.algo).kl_coef == 0:
                 # a run that computes no KL term (e.g. one saved with a reward KL its estimator ignored)
                 # must not pick one up from the β its checkpoint restored
@@ -341,26 +349,11 @@ class PPOTrainer:
                             for i in range(k)
                         ])
                 if it == cfg.iterations or (cfg.log.save_every and it % cfg.log.save_every == 0):
-                    save_checkpoint(self, self.output_dir, it)
+                    save_checkpoint(self.run_state, self.output_dir, it, cfg.log.keep_last)
         finally:
             if logger:
                 logger.close()
         return history
-
-    # RNG streams that a checkpoint must restore for a bit-exact resume.
-    def rng_state(self) -> dict:
-        return {
-            "sample_gen": self.sample_gen.get_state(), "shuffle_gen": self.shuffle_gen.get_state(),
-            "torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
-        }
-
-    def set_rng_state(self, s: dict) -> None:
-        self.sample_gen.set_state(s["sample_gen"])
-        self.shuffle_gen.set_state(s["shuffle_gen"])
-        torch.set_rng_state(s["torch"])
-        random.setstate(s["python"])
-        np.random.set_state(s["numpy"])
-
 
 def builders_validate(cfg: TrainConfig) -> None:
     from .validate import validate_config

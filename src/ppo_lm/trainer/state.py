@@ -1,57 +1,97 @@
-"""Trainer state that a checkpoint carries, and the save/load of a whole trainer."""
+"""What a checkpoint carries — an explicit bundle of the run's state — and its save and load."""
 
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from .. import distributed as dist
+from ..algorithms import AdaptiveKLController, FixedKLController
 from ..models import sharding
 from . import checkpoint as ckpt
 from .config_io import ConfigError
-
-if TYPE_CHECKING:
-    from .ppo import PPOTrainer
+from .learner import Learner
 
 
 @dataclass
 class TrainState:
+    """Where the run is: the last finished iteration (the data position follows from it) and the
+    count of skipped non-finite minibatch steps."""
+
     iteration: int = 0
     nonfinite_in_row: int = 0
     nonfinite_total: int = 0
+
+
+@dataclass
+class RngStreams:
+    """The random streams a bit-exact resume restores: this rank's sampling and minibatch-shuffling
+    generators, and the global torch, Python and NumPy states."""
+
+    sample: torch.Generator
+    shuffle: torch.Generator
+
+    def state(self) -> dict:
+        return {
+            "sample_gen": self.sample.get_state(), "shuffle_gen": self.shuffle.get_state(),
+            "torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+        }
+
+    def load(self, s: dict) -> None:
+        self.sample.set_state(s["sample_gen"])
+        self.shuffle.set_state(s["shuffle_gen"])
+        torch.set_rng_state(s["torch"])
+        random.setstate(s["python"])
+        np.random.set_state(s["numpy"])
+
+
+@dataclass
+class RunState:
+    """Everything a checkpoint saves and restores: the trained models, their optimisers and
+    schedules (``learner``), the tokenizer saved beside the models, the KL controller, the random
+    streams and the run's position."""
+
+    learner: Learner
+    tokenizer: object
+    kl_ctl: FixedKLController | AdaptiveKLController
+    rngs: RngStreams
+    progress: TrainState
 
 
 def _prefixed(sd: dict, prefix: str) -> dict:
     return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
 
 
-def save_checkpoint(tr: PPOTrainer, output_dir: Path, iteration: int) -> Path | None:
-    """Rank 0 writes policy, critic and trainer state atomically; other ranks wait.
+def save_checkpoint(run: RunState, output_dir: Path, iteration: int, keep_last: int) -> Path | None:
+    """Rank 0 writes policy, critic and trainer state atomically, keeping the last ``keep_last``
+    checkpoints; other ranks wait.
 
     With FSDP the full (unsharded) weights and optimiser states are gathered first, so the
     checkpoint has the same layout either way and loads with plain transformers.
     """
-    tr.state.iteration = iteration
+    run.progress.iteration = iteration
     final = None
-    u = tr.update_ctx
-    rng_per_rank = dist.all_gather_object(tr.rng_state())
-    fsdp = sharding.is_sharded(tr.policy)
+    u = run.learner
+    policy, critic = u.policy, u.critic
+    rng_per_rank = dist.all_gather_object(run.rngs.state())
+    fsdp = sharding.is_sharded(policy)
     if fsdp:  # collectives: every rank takes part
-        policy_full = sharding.full_state(tr.policy)
-        critic_full = sharding.full_state(tr.critic) if tr.critic is not None else {}
-        actor_opt = sharding.full_optim_state(tr.policy, u.actor_opt)
-        critic_root = tr.critic if tr.critic is not None else tr.policy
+        policy_full = sharding.full_state(policy)
+        critic_full = sharding.full_state(critic) if critic is not None else {}
+        actor_opt = sharding.full_optim_state(policy, u.actor_opt)
+        critic_root = critic if critic is not None else policy
         critic_opt = sharding.full_optim_state(critic_root, u.critic_opt) if u.critic_opt else None
     else:
-        policy_full = {f"lm.{k}": v for k, v in tr.policy.lm.state_dict().items()}
-        if tr.policy.value_head is not None:
-            policy_full.update({f"value_head.{k}": v for k, v in tr.policy.value_head.state_dict().items()})
-        critic_full = {f"model.{k}": v for k, v in tr.critic.model.state_dict().items()} if tr.critic else {}
+        policy_full = {f"lm.{k}": v for k, v in policy.lm.state_dict().items()}
+        if policy.value_head is not None:
+            policy_full.update({f"value_head.{k}": v for k, v in policy.value_head.state_dict().items()})
+        critic_full = {f"model.{k}": v for k, v in critic.model.state_dict().items()} if critic else {}
         actor_opt = u.actor_opt.state_dict()
         critic_opt = u.critic_opt.state_dict() if u.critic_opt else None
     if dist.is_main():
@@ -59,26 +99,26 @@ def save_checkpoint(tr: PPOTrainer, output_dir: Path, iteration: int) -> Path | 
 
         hf_logging.disable_progress_bar()  # keep the trainer's own progress bar readable
         tmp, final = ckpt.begin(output_dir, iteration)
-        tr.policy.lm.save_pretrained(tmp / "policy", state_dict=_prefixed(policy_full, "lm."), safe_serialization=True)
-        tr.tokenizer.save_pretrained(tmp / "policy")
-        if tr.critic is not None:
-            tr.critic.model.save_pretrained(tmp / "critic", state_dict=_prefixed(critic_full, "model."),
-                                            safe_serialization=True)
-            tr.tokenizer.save_pretrained(tmp / "critic")
-        if tr.policy.value_head is not None:
+        policy.lm.save_pretrained(tmp / "policy", state_dict=_prefixed(policy_full, "lm."), safe_serialization=True)
+        run.tokenizer.save_pretrained(tmp / "policy")
+        if critic is not None:
+            critic.model.save_pretrained(tmp / "critic", state_dict=_prefixed(critic_full, "model."),
+                                         safe_serialization=True)
+            run.tokenizer.save_pretrained(tmp / "critic")
+        if policy.value_head is not None:
             save_file({k: v.contiguous() for k, v in _prefixed(policy_full, "value_head.").items()},
                       str(tmp / "value_head.safetensors"))
         torch.save({
-            "state": asdict(tr.state),
+            "state": asdict(run.progress),
             "fsdp": fsdp,
             "actor_opt": actor_opt,
             "critic_opt": critic_opt,
             "actor_sched": u.actor_sched.state_dict(),
             "critic_sched": u.critic_sched.state_dict() if u.critic_sched else None,
-            "kl_ctl": tr.kl_ctl.state_dict(),
+            "kl_ctl": run.kl_ctl.state_dict(),
             "rng": rng_per_rank,
         }, tmp / "trainer_state.pt")
-        ckpt.commit(tmp, final, tr.cfg.log.keep_last)
+        ckpt.commit(tmp, final, keep_last)
     dist.barrier()
     return final
 
@@ -98,8 +138,8 @@ def _load_weights(directory: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def load_checkpoint(tr: PPOTrainer, output_dir: Path) -> int:
-    """Restore the latest checkpoint under ``output_dir``; returns its iteration (0 if none)."""
+def load_checkpoint(run: RunState, output_dir: Path) -> int:
+    """Restore the latest checkpoint under ``output_dir`` into ``run``; returns its iteration (0 if none)."""
     found = ckpt.latest_checkpoint(output_dir)
     if found is None:
         return 0
@@ -110,43 +150,44 @@ def load_checkpoint(tr: PPOTrainer, output_dir: Path) -> int:
             f"checkpoint {path} was written by {len(st['rng'])} processes; resume with the same world size "
             f"(now {dist.world_size()})"
         )
-    fsdp = sharding.is_sharded(tr.policy)
+    u = run.learner
+    policy, critic = u.policy, u.critic
+    fsdp = sharding.is_sharded(policy)
     if st.get("fsdp", False) != fsdp:
         raise ConfigError(f"checkpoint {path} was written with model.fsdp={st.get('fsdp')}; resume with the same")
     policy_sd = _load_weights(path / "policy")
-    _check_keys(tr.policy.lm, policy_sd, "policy")
+    _check_keys(policy.lm, policy_sd, "policy")
     full = {f"lm.{k}": v for k, v in policy_sd.items()}
-    if tr.policy.value_head is not None:
+    if policy.value_head is not None:
         full.update({f"value_head.{k}": v for k, v in load_file(str(path / "value_head.safetensors")).items()})
     critic_full = {}
-    if tr.critic is not None:
+    if critic is not None:
         if not (path / "critic").is_dir():
             raise ConfigError(f"checkpoint {path} has no critic but this run uses a separate critic")
         critic_sd = _load_weights(path / "critic")
-        _check_keys(tr.critic.model, critic_sd, "critic")
+        _check_keys(critic.model, critic_sd, "critic")
         critic_full = {f"model.{k}": v for k, v in critic_sd.items()}
-    u = tr.update_ctx
     if fsdp:
-        sharding.load_full_state(tr.policy, full)
-        if tr.critic is not None:
-            sharding.load_full_state(tr.critic, critic_full)
-        sharding.load_full_optim_state(tr.policy, u.actor_opt, st["actor_opt"])
+        sharding.load_full_state(policy, full)
+        if critic is not None:
+            sharding.load_full_state(critic, critic_full)
+        sharding.load_full_optim_state(policy, u.actor_opt, st["actor_opt"])
         if u.critic_opt is not None and st["critic_opt"] is not None:
-            sharding.load_full_optim_state(tr.critic if tr.critic is not None else tr.policy, u.critic_opt,
+            sharding.load_full_optim_state(critic if critic is not None else policy, u.critic_opt,
                                            st["critic_opt"])
     else:
-        tr.policy.load_state_dict(full, strict=False)
-        if tr.critic is not None:
-            tr.critic.load_state_dict(critic_full, strict=False)
+        policy.load_state_dict(full, strict=False)
+        if critic is not None:
+            critic.load_state_dict(critic_full, strict=False)
         u.actor_opt.load_state_dict(st["actor_opt"])
         if u.critic_opt is not None and st["critic_opt"] is not None:
             u.critic_opt.load_state_dict(st["critic_opt"])
     u.actor_sched.load_state_dict(st["actor_sched"])
     if u.critic_sched is not None and st["critic_sched"] is not None:
         u.critic_sched.load_state_dict(st["critic_sched"])
-    tr.kl_ctl.load_state_dict(st["kl_ctl"])
-    tr.set_rng_state(st["rng"][dist.rank()])
-    tr.state.__dict__.update(st["state"])
+    run.kl_ctl.load_state_dict(st["kl_ctl"])
+    run.rngs.load(st["rng"][dist.rank()])
+    run.progress.__dict__.update(st["state"])
     return iteration
 
 

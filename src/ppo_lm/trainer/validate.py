@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
-from ..algorithms import get_advantage_estimator
+from ..algorithms import check_positive, check_unit_interval, get_advantage_estimator
 from .config import AlgoConfig, TrainConfig
 from .config_io import ConfigError, check_types
 
-
-def _unit(name: str, v: float | None, *, open_low: bool = False) -> None:
-    if v is None:
-        return
-    if not (0.0 < v <= 1.0 if open_low else 0.0 <= v <= 1.0):
-        bound = "(0, 1]" if open_low else "[0, 1]"
-        raise ConfigError(f"`{name}` must lie in {bound}, got {v}")
-
-
-def _pos(name: str, v: float | None, *, allow_zero: bool = False) -> None:
-    if v is None:
-        return
-    if not (v >= 0 if allow_zero else v > 0):
-        raise ConfigError(f"`{name}` must be {'>= 0' if allow_zero else '> 0'}, got {v}")
+_unit = partial(check_unit_interval, error=ConfigError)
+_pos = partial(check_positive, error=ConfigError)
 
 
 def _check_builtin(cfg: TrainConfig) -> None:
@@ -61,6 +50,7 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
     _unit("algo.critic_lambda", a.critic_lambda)
     _pos("algo.adaptive_lambda_alpha", a.adaptive_lambda_alpha)
     _pos("algo.kl_coef", a.kl_coef, allow_zero=True)
+    _pos("algo.kl_clamp", a.kl_clamp)
     _pos("algo.adaptive_kl_target", a.adaptive_kl_target)
     _pos("algo.adaptive_kl_horizon", a.adaptive_kl_horizon)
     if a.adaptive_kl_target is not None:
@@ -109,7 +99,7 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
     if a.kl_in == "reward" and a.kl_coef > 0 and not spec.uses_shaped_rewards:
         raise ConfigError(
             f"`algo.kl_in`='reward' would have no effect: `algo.estimator`={a.estimator!r} builds its "
-            "advantages from the scores alone (SPEC §3); set `algo.kl_in` to 'loss' (or 'auto'), or "
+            "advantages from the scores alone (docs/algorithm.md §3); set `algo.kl_in` to 'loss' (or 'auto'), or "
             "`algo.kl_coef` to 0 (to resume a run written before this check, which ran without a KL: "
             "`--algo.kl-coef 0`)"
         )
