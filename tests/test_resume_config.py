@@ -11,6 +11,7 @@ import yaml
 from trainer_helpers import count_sevens, tiny_config
 
 from ppo_lm.cli import main
+from ppo_lm.trainer.checkpoint import write_manifest
 from ppo_lm.trainer.config_io import ConfigError
 from ppo_lm.trainer.ppo import PPOTrainer
 
@@ -76,6 +77,7 @@ def test_an_old_grpo_run_resumes_without_its_inert_kl(tmp_path, capsys):
     state = torch.load(state_path, weights_only=False)
     state["kl_ctl"]["value"] = 0.05  # and the β its controller held
     torch.save(state, state_path)
+    write_manifest(state_path.parent)  # (the old code's checkpoint, as it would have been written)
     capsys.readouterr()
     assert main(["train", "--output-dir", out, "--iterations", "2", "--resume"]) == 2
     assert "--algo.kl-coef 0" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import torch
 from trainer_helpers import count_sevens, tiny_config
 
 from ppo_lm.rollout.collect import RolloutModels, collect_rollout
-from ppo_lm.trainer.checkpoint import latest_checkpoint
+from ppo_lm.trainer.checkpoint import latest_checkpoint, write_manifest
 from ppo_lm.trainer.metrics_log import is_timing_key
 from ppo_lm.trainer.ppo import PPOTrainer
 
@@ -182,6 +182,7 @@ def test_resume_reads_a_checkpoint_split_into_several_files(tmp_path):
         (path / sub / "model.safetensors").unlink()
         model.save_pretrained(path / sub, max_shard_size="20KB")
         assert (path / sub / "model.safetensors.index.json").is_file()
+    write_manifest(path)  # as if the checkpoint had been written this way
     tr = PPOTrainer(tiny_config(tmp_path, iterations=2, resume=True, log__save_every=1), verifier=count_sevens)
     tr.train()
     assert [r["iteration"] for r in _metrics(tmp_path)] == [1, 2]

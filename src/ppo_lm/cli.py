@@ -30,9 +30,10 @@ def _parse(cls: type, argv: list[str], prog: str, description: str, *, resumable
     if resumable and not source:
         run = argparse.ArgumentParser(add_help=False)
         run.add_argument("--resume", action="store_true")
+        run.add_argument("--auto-resume", "--auto_resume", action="store_true")
         run.add_argument("--output-dir", "--output_dir", default=cls().output_dir)
         known_run, _ = run.parse_known_args(rest)
-        if known_run.resume and (Path(known_run.output_dir) / "config.yaml").is_file():
+        if (known_run.resume or known_run.auto_resume) and (Path(known_run.output_dir) / "config.yaml").is_file():
             source = str(Path(known_run.output_dir) / "config.yaml")
     try:
         default = load_yaml(source, cls) if source else cls()
@@ -48,10 +49,11 @@ def _run(fn: Callable[[], object]) -> int:
     from .stages.data import InputError
     from .trainer.config_io import ConfigError
     from .trainer.ppo import NonFiniteLossError
+    from .trainer.state import DamagedCheckpointError
 
     try:
         fn()
-    except (ConfigError, InputError, RewardError, NonFiniteLossError, FloatingPointError) as e:
+    except (ConfigError, InputError, RewardError, NonFiniteLossError, FloatingPointError, DamagedCheckpointError) as e:
         print(f"ppo-lm: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

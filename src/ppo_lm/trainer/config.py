@@ -240,8 +240,12 @@ class TrainConfig:
     """Seeds the built-in model and prompts, the prompt order, torch's RNG, and the sampling and
     minibatch-shuffling generators (offset per process)."""
     resume: bool = False
-    """Continue from the latest checkpoint in output_dir, with the run's own settings (read from its
-    config.yaml when no --config is given; differing ones are an error)."""
+    """Continue from the newest intact checkpoint in output_dir, with the run's own settings (read from
+    its config.yaml when no --config is given; differing ones are an error). An output_dir without a
+    checkpoint is an error."""
+    auto_resume: bool = False
+    """Resume when output_dir holds a checkpoint, else start the run: one command for a job that may be
+    preempted and restarted."""
     threads: int = 0
     """torch CPU threads; 0 = leave torch's default."""
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -35,6 +35,7 @@ from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
 from ..rollout.sampling import SamplingParams
 from . import builders
+from .checkpoint import list_checkpoints
 from .config import AlgoConfig, TrainConfig
 from .config_io import ConfigError, dump_yaml, from_dict, load_saved_config, resume_differences, to_dict
 from .learner import build_learner
@@ -302,7 +303,8 @@ class PPOTrainer:
     def train(
         self, eval_fn: Callable[[int, PPOTrainer], dict[str, float]] | None = None, eval_every: int = 1
     ) -> list[dict[str, float]]:
-        """Run up to ``cfg.iterations`` (resuming first when ``cfg.resume``); returns the metrics logged.
+        """Run up to ``cfg.iterations`` (resuming first with ``cfg.resume``, or with ``cfg.auto_resume``
+        when there is a checkpoint); returns the metrics logged.
 
         ``eval_fn(iteration, trainer)``, called every ``eval_every`` iterations and after the last,
         returns extra metrics (e.g. held-out accuracy) logged with that iteration's.
@@ -311,9 +313,20 @@ class PPOTrainer:
         start = 0
         if dist.is_main():
             self.output_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.resume:
+        has_checkpoint = bool(list_checkpoints(self.output_dir))
+        if cfg.resume and not has_checkpoint:
+            raise ConfigError(
+                f"--resume: {str(self.output_dir)!r} holds no checkpoint to resume from; start the run without "
+                "--resume, or use --auto-resume (resumes when there is a checkpoint, starts fresh otherwise)"
+            )
+        if cfg.resume or (cfg.auto_resume and has_checkpoint):
             self._check_resume_config()
             start = load_checkpoint(self.run_state, self.output_dir)
+            if start >= cfg.iterations:
+                if dist.is_main():
+                    print(f"{self.output_dir}: the run is at iteration {start}, which already reaches "
+                          f"--iterations {cfg.iterations}; nothing to do (pass a larger --iterations to continue)")
+                return []
             if effective_algo(cfg.algo).kl_coef == 0:
                 # a run that computes no KL term (e.g. one saved with a reward KL its estimator ignored)
                 # must not pick one up from the β its checkpoint restored

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -138,36 +139,94 @@ def _load_weights(directory: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def load_checkpoint(run: RunState, output_dir: Path) -> int:
-    """Restore the latest checkpoint under ``output_dir`` into ``run``; returns its iteration (0 if none)."""
-    found = ckpt.latest_checkpoint(output_dir)
-    if found is None:
-        return 0
-    iteration, path = found
-    st = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+class DamagedCheckpointError(ValueError):
+    """A checkpoint's files are incomplete, corrupt, or hold more than tensors and plain values."""
+
+
+def _numpy_array_types() -> list:
+    """What a pickled NumPy array (the NumPy RNG state) is rebuilt from: data, no code."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _read_trainer_state(path: Path) -> dict:
+    """``trainer_state.pt`` unpickled with ``weights_only``: tensors, plain Python values and NumPy
+    arrays only, so a checkpoint from elsewhere cannot run code on resume."""
+    import pickle
+
+    try:
+        with torch.serialization.safe_globals(_numpy_array_types()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise DamagedCheckpointError(
+            f"{path.name} holds objects other than tensors and plain values, which ppo-lm does not unpickle "
+            f"({str(e).splitlines()[-1][:200]})") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise DamagedCheckpointError(f"{path.name} is unreadable ({str(e).splitlines()[0][:200]})") from None
+
+
+def _read(path: Path, run: RunState) -> tuple[dict, dict, dict]:
+    """Every file of the checkpoint at ``path``, read and checked before anything is restored:
+    (trainer state, policy state dict, critic state dict). Raises :class:`DamagedCheckpointError`
+    for damage, ``ConfigError`` for a checkpoint of another kind of run."""
+    problem = ckpt.verify(path)
+    if problem is not None and (path / ckpt.MANIFEST).exists():
+        raise DamagedCheckpointError(problem)
+    policy, critic = run.learner.policy, run.learner.critic
+    try:
+        st = _read_trainer_state(path / "trainer_state.pt")
+        full = {f"lm.{k}": v for k, v in _load_weights(path / "policy").items()}
+        if policy.value_head is not None:
+            full.update({f"value_head.{k}": v for k, v in load_file(str(path / "value_head.safetensors")).items()})
+        critic_full = {}
+        if critic is not None and (path / "critic").is_dir():
+            critic_full = {f"model.{k}": v for k, v in _load_weights(path / "critic").items()}
+    except DamagedCheckpointError:
+        raise
+    except (OSError, ValueError, RuntimeError) as e:  # safetensors' errors included
+        raise DamagedCheckpointError(f"a weights file is unreadable ({str(e).splitlines()[0][:200]})") from None
     if len(st["rng"]) != dist.world_size():
         raise ConfigError(
             f"checkpoint {path} was written by {len(st['rng'])} processes; resume with the same world size "
             f"(now {dist.world_size()})"
         )
+    if st.get("fsdp", False) != sharding.is_sharded(policy):
+        raise ConfigError(f"checkpoint {path} was written with model.fsdp={st.get('fsdp')}; resume with the same")
+    _check_keys(policy.lm, _prefixed(full, "lm."), "policy")
+    if critic is not None:
+        if not critic_full:
+            raise ConfigError(f"checkpoint {path} has no critic but this run uses a separate critic")
+        _check_keys(critic.model, _prefixed(critic_full, "model."), "critic")
+    return st, full, critic_full
+
+
+def load_checkpoint(run: RunState, output_dir: Path) -> int:
+    """Restore the newest intact checkpoint under ``output_dir`` into ``run``; returns its iteration
+    (0 if there is none). A damaged newer checkpoint is skipped with a warning naming it; when every
+    checkpoint is damaged, :class:`DamagedCheckpointError` says why."""
+    found = ckpt.list_checkpoints(output_dir)
+    damaged = []
+    for iteration, path in reversed(found):
+        try:
+            st, full, critic_full = _read(path, run)
+        except DamagedCheckpointError as e:
+            damaged.append(f"{path}: {e}")
+            warnings.warn(f"checkpoint {path} is damaged ({e}); trying an older one", stacklevel=2)
+            continue
+        _apply(run, st, full, critic_full)
+        return iteration
+    if damaged:
+        raise DamagedCheckpointError("no intact checkpoint to resume from: " + "; ".join(damaged))
+    return 0
+
+
+def _apply(run: RunState, st: dict, full: dict, critic_full: dict) -> None:
     u = run.learner
     policy, critic = u.policy, u.critic
-    fsdp = sharding.is_sharded(policy)
-    if st.get("fsdp", False) != fsdp:
-        raise ConfigError(f"checkpoint {path} was written with model.fsdp={st.get('fsdp')}; resume with the same")
-    policy_sd = _load_weights(path / "policy")
-    _check_keys(policy.lm, policy_sd, "policy")
-    full = {f"lm.{k}": v for k, v in policy_sd.items()}
-    if policy.value_head is not None:
-        full.update({f"value_head.{k}": v for k, v in load_file(str(path / "value_head.safetensors")).items()})
-    critic_full = {}
-    if critic is not None:
-        if not (path / "critic").is_dir():
-            raise ConfigError(f"checkpoint {path} has no critic but this run uses a separate critic")
-        critic_sd = _load_weights(path / "critic")
-        _check_keys(critic.model, critic_sd, "critic")
-        critic_full = {f"model.{k}": v for k, v in critic_sd.items()}
-    if fsdp:
+    if sharding.is_sharded(policy):
         sharding.load_full_state(policy, full)
         if critic is not None:
             sharding.load_full_state(critic, critic_full)
@@ -188,7 +247,6 @@ def load_checkpoint(run: RunState, output_dir: Path) -> int:
     run.kl_ctl.load_state_dict(st["kl_ctl"])
     run.rngs.load(st["rng"][dist.rank()])
     run.progress.__dict__.update(st["state"])
-    return iteration
 
 
 def _check_keys(model: torch.nn.Module, sd: dict, name: str) -> None:
