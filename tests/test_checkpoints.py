@@ -111,3 +111,14 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path, capsys):
     assert "at iteration 2, which already reaches --iterations 1; nothing to do" in capsys.readouterr().out
     assert {p: p.read_bytes() for p in before} == before
     assert [i for i, _ in list_checkpoints(run)] == [1, 2]
+
+
+def test_small_cli_mistakes_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--config", str(tmp_path), "--output-dir", str(tmp_path / "r")])
+    assert exit_.value.code == 2
+    assert "is a directory; pass the YAML file itself" in capsys.readouterr().err
+    assert main(["train", "--output-dir", str(tmp_path / "r"), "--rollout.temperature", "inf", *TINY]) == 2
+    assert "`rollout.temperature` must be finite" in capsys.readouterr().err
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("ppo-lm ")

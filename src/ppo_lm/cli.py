@@ -95,11 +95,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: ppo-lm COMMAND [--config FILE.yaml] [--section.field VALUE ...]\n\ncommands:")
+        print("usage: ppo-lm [--version] COMMAND [--config FILE.yaml] [--section.field VALUE ...]\n\ncommands:")
         for name, (_, help_) in COMMANDS.items():
             print(f"  {name:8s} {help_}")
         print("\nRun `ppo-lm COMMAND --help` for the options of a command.")
         return 0 if argv else 2
+    if argv[0] == "--version":
+        from importlib.metadata import version
+
+        print(f"ppo-lm {version('ppo-lm')}")
+        return 0
     name, rest = argv[0], argv[1:]
     from transformers.utils import logging as hf_logging
 

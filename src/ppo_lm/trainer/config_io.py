@@ -115,6 +115,8 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\
 
 def load_yaml(path: str | Path, cls: type[C]) -> C:
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {p} is a directory; pass the YAML file itself (e.g. {p / 'config.yaml'})")
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from functools import partial
 
 from ..algorithms import check_positive, check_unit_interval, get_advantage_estimator
@@ -41,6 +42,8 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
         if v < 1:
             raise ConfigError(f"`{name}` must be >= 1, got {v}")
     _pos("rollout.temperature", r.temperature)
+    if not math.isfinite(r.temperature):  # inf would sample uniformly, whatever the policy
+        raise ConfigError(f"`rollout.temperature` must be finite, got {r.temperature}")
     _unit("rollout.top_p", r.top_p, open_low=True)
     _pos("rollout.top_k", r.top_k, allow_zero=True)
     _pos("rollout.forward_batch_size", r.forward_batch_size, allow_zero=True)
