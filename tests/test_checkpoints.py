@@ -122,3 +122,20 @@ def test_small_cli_mistakes_are_one_line_errors(tmp_path, capsys):
     assert "`rollout.temperature` must be finite" in capsys.readouterr().err
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("ppo-lm ")
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_an_output_dir_that_cannot_be_one_fails_before_any_model_loads(tmp_path, capsys, monkeypatch, where):
+    from ppo_lm.trainer import builders
+
+    def no_models(*a, **k):
+        raise AssertionError("a model was built before the output directory was checked")
+
+    monkeypatch.setattr(builders, "build_policy", no_models)
+    blocker = tmp_path / "taken"
+    blocker.write_text("a user's file")
+    out = blocker if where == "file" else blocker / "run"
+    assert main(["train", "--output-dir", str(out), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert ("is a file, not a directory" if where == "file" else "which is a file") in err
+    assert blocker.read_text() == "a user's file"

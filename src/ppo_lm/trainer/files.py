@@ -29,3 +29,24 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def prepare_output_dir(path: str | Path, field: str = "output_dir") -> Path:
+    """Create ``path`` (and its parents) and check that files can be written in it — before any model
+    loads, so a typo costs a second, not the minutes a big model takes. Raises ``OSError`` subclasses
+    as :class:`ValueError` naming ``field`` and the fix."""
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                where = "is a file" if p == path else f"is under {str(p)!r}, which is a file"
+                raise ValueError(f"`{field}` {str(path)!r} {where}, not a directory; choose another --{field.replace('_', '-')}")
+            break
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ValueError(f"`{field}` {str(path)!r} is not writable ({e.strerror or e}); choose another "
+                         f"--{field.replace('_', '-')}") from None
+    return path

@@ -38,6 +38,7 @@ from . import builders
 from .checkpoint import list_checkpoints
 from .config import AlgoConfig, TrainConfig
 from .config_io import ConfigError, dump_yaml, from_dict, load_saved_config, resume_differences, to_dict
+from .files import prepare_output_dir
 from .learner import build_learner
 from .metrics_log import MetricsLogger, truncate_jsonl
 from .state import RngStreams, RunState, TrainState, load_checkpoint, save_checkpoint
@@ -59,6 +60,11 @@ class PPOTrainer:
     def __init__(self, cfg: TrainConfig, *, policy=None, tokenizer=None, verifier=None, prompt_rows=None):
         dist.init_from_env()
         builders_validate(cfg)
+        if dist.is_main():
+            try:
+                prepare_output_dir(cfg.output_dir)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         self.config = cfg  # as given, "auto" settings included: what the run's config.yaml records
         cfg = self.cfg = dataclasses.replace(cfg, algo=resolve_algo(cfg.algo))  # what runs
         if cfg.threads:
