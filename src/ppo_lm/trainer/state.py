@@ -172,8 +172,8 @@ def _read(path: Path, run: RunState) -> tuple[dict, dict, dict]:
     """Every file of the checkpoint at ``path``, read and checked before anything is restored:
     (trainer state, policy state dict, critic state dict). Raises :class:`DamagedCheckpointError`
     for damage, ``ConfigError`` for a checkpoint of another kind of run."""
-    problem = ckpt.verify(path)
-    if problem is not None and (path / ckpt.MANIFEST).exists():
+    # (a checkpoint written before manifests has none: its files are checked by reading them)
+    if (path / ckpt.MANIFEST).exists() and (problem := ckpt.verify(path)) is not None:
         raise DamagedCheckpointError(problem)
     policy, critic = run.learner.policy, run.learner.critic
     try:

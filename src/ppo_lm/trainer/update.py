@@ -147,6 +147,8 @@ def ppo_update(
     has_critic = batch.values_old is not None and bool(learner.critic_params)
     packed = packs_sequences(learner.policy) and (learner.critic is None or packs_sequences(learner.critic))
     objective = objective_settings(cfg, kl_coef)
+    shared_values = has_critic and learner.policy.value_head is not None
+    separate_values = has_critic and learner.policy.value_head is None
     stats, skipped, in_row, max_in_row = StatsAggregator(), 0, nonfinite_in_row, nonfinite_in_row
     lr_actor = lr_critic = None
 
@@ -160,8 +162,7 @@ def ppo_update(
                 count = dist.all_reduce_sum(torch.tensor(loss_units(batch.response_mask[mb_idx], a.loss_agg),
                                                          dtype=torch.float64))
                 st = _Step(objective, count / dist.world_size(), cfg.rollout.temperature or 1.0, train_policy,
-                           shared_values=has_critic and learner.policy.value_head is not None,
-                           separate_values=has_critic and learner.policy.value_head is None,
+                           shared_values, separate_values,
                            want_entropy=a.entropy_coef > 0 or epoch == 0)  # the diagnostic: first epoch only
                 mb_stats, finite = StatsAggregator(), True
                 micro = micro_batches(mb_idx, batch, o.micro_batch_size, packed=packed)
