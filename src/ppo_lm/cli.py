@@ -45,15 +45,13 @@ def _parse(cls: type, argv: list[str], prog: str, description: str, *, resumable
 
 
 def _run(fn: Callable[[], object]) -> int:
-    from .rollout.reward import RewardError
-    from .stages.data import InputError
-    from .trainer.config_io import ConfigError
-    from .trainer.ppo import NonFiniteLossError
-    from .trainer.state import DamagedCheckpointError
+    """Run a command's body: a :class:`~ppo_lm.errors.UserError` (or a non-finite float the user's
+    settings caused) is one line on stderr and status 2; Ctrl-C is status 130."""
+    from .errors import UserError
 
     try:
         fn()
-    except (ConfigError, InputError, RewardError, NonFiniteLossError, FloatingPointError, DamagedCheckpointError) as e:
+    except (UserError, FloatingPointError) as e:
         print(f"ppo-lm: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..errors import UserError
 from ..models.actor_critic import RewardScorer, sequence_scores
 from ..models.sharding import frozen_mode
 
@@ -17,7 +18,7 @@ Verifier = Callable[..., Sequence[float]]
 dataset columns of the same rows (lists)."""
 
 
-class RewardError(RuntimeError):
+class RewardError(UserError, RuntimeError):
     """The reward function failed or returned something unusable; the message shows the prompt."""
 
 

@@ -14,13 +14,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import UserError
 from ..models.logprobs import position_ids_from_mask  # noqa: F401 (re-exported)
 
 RowsLike = str | os.PathLike | Sequence[Mapping[str, Any]]
 
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
     """Bad input from the user to a stage — a data file, a column, a setting; the message says which
     and how to fix it (the commands print it without a traceback)."""
 

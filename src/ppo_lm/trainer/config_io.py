@@ -12,12 +12,13 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
+from ..errors import UserError
 from .files import atomic_write_text
 
 C = TypeVar("C")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration value is invalid; the message names the field."""
 
 

@@ -29,6 +29,7 @@ from ..algorithms import (
     shape_rewards,
     whiten,
 )
+from ..errors import UserError
 from ..models import kernels, sharding
 from ..models.actor_critic import RewardScorer
 from ..rollout.batch import RolloutBatch
@@ -46,7 +47,7 @@ from .update import ppo_update
 from .validate import effective_algo, resolve_algo
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError, RuntimeError):
     """Too many consecutive updates had a non-finite loss or gradient."""
 
 

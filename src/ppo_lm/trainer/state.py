@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from .. import distributed as dist
 from ..algorithms import AdaptiveKLController, FixedKLController
+from ..errors import UserError
 from ..models import sharding
 from . import checkpoint as ckpt
 from .config_io import ConfigError
@@ -139,7 +140,7 @@ def _load_weights(directory: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-class DamagedCheckpointError(ValueError):
+class DamagedCheckpointError(UserError, ValueError):
     """A checkpoint's files are incomplete, corrupt, or hold more than tensors and plain values."""
 
 
