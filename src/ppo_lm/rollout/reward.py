@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import sys
+import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -23,33 +27,92 @@ class RewardError(UserError, RuntimeError):
 
 
 def load_verifier(spec: str, field: str = "model.reward") -> Verifier:
-    """Resolve ``'module:function'`` (or ``'builtin:equations'``) to a callable; errors name ``field``."""
+    """Resolve a reward spec to a callable; errors (ValueError) name ``field``.
+
+    ``'builtin:equations'``; ``'path/to/file.py:fn'`` (the file is loaded as a module); or
+    ``'module:fn'``, imported with the current directory on the import path, as ``python -m`` and
+    ``python script.py`` users expect (a console script does not put it there)."""
     if spec == "builtin:equations":
         from ..tasks.equations import verify
 
         return verify
     if ":" not in spec:
-        raise ValueError(f"`{field}`={spec!r}: expected 'module:function' or 'builtin:equations'")
-    mod_name, fn_name = spec.split(":", 1)
+        raise ValueError(f"`{field}`={spec!r}: expected 'module:function', 'path/to/file.py:function' or "
+                         "'builtin:equations'")
+    mod_name, fn_name = spec.rsplit(":", 1)
     try:
-        module = importlib.import_module(mod_name)
+        module = _import_file(mod_name, field, spec) if mod_name.endswith(".py") else _import_module(mod_name)
+    except _SpecError:
+        raise
     except ImportError as e:
-        raise ValueError(f"`{field}`={spec!r}: cannot import module {mod_name!r} ({e})") from None
+        raise ValueError(f"`{field}`={spec!r}: cannot import module {mod_name!r} ({e}); the current directory "
+                         "is searched, or give a file: 'path/to/file.py:function'") from None
+    except Exception as e:  # the user's module fails while it is imported
+        raise ValueError(f"`{field}`={spec!r}: importing {mod_name!r} raised {type(e).__name__}: {e}"
+                         f"{user_frames(e)}") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
-        raise ValueError(f"`{field}`={spec!r}: module {mod_name!r} has no callable {fn_name!r}")
+        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                       and getattr(v, "__module__", None) == module.__name__)
+        raise ValueError(f"`{field}`={spec!r}: {mod_name!r} has no function {fn_name!r}"
+                         + (f" (it defines: {', '.join(found[:8])})" if found else ""))
     return fn
+
+
+class _SpecError(ValueError):
+    """The reward spec itself is wrong (as opposed to the user's module failing on import)."""
+
+
+def _import_module(name: str):
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(name)
+
+
+def _import_file(path: str, field: str, spec: str):
+    """Load ``path`` as a module named after it; its own directory is importable, as for a script."""
+    import importlib.util
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise _SpecError(f"`{field}`={spec!r}: no such file {str(file)!r}")
+    name = f"ppo_lm_reward_{file.stem}"
+    module_spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(module_spec)
+    folder = str(file.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    sys.modules[name] = module  # before executing it: dataclasses and pickling look the module up
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def user_frames(e: BaseException, limit: int = 3) -> str:
+    """The last ``limit`` frames of ``e``'s traceback that are not ppo-lm's own, as indented
+    ``file:line in function`` lines with their source: where the user's code failed."""
+    own = str(Path(__file__).resolve().parents[1])
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not str(Path(f.filename).resolve()).startswith(own)]
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"\n  {e.filename}:{e.lineno}: {(e.text or '').strip()}"
+    return "".join(f"\n  {f.filename}:{f.lineno} in {f.name}" + (f": {f.line.strip()}" if f.line else "")
+                   for f in frames[-limit:])
 
 
 def score_with_verifier(
     verifier: Verifier, prompts: list[str], responses: list[str], columns: dict[str, list]
 ) -> Tensor:
-    """Call the verifier and check its answer: (B,) fp32 scores, or a :class:`RewardError`."""
+    """Call the verifier and check its answer: (B,) fp32 scores, or a :class:`RewardError` that shows
+    where in the user's code a raising verifier failed."""
     try:
         scores = verifier(prompts, responses, **columns)
     except Exception as e:
         raise RewardError(
-            f"the reward function raised {type(e).__name__}: {e}\n  first prompt of the batch: {prompts[0]!r}"
+            f"the reward function raised {type(e).__name__}: {e}{user_frames(e)}\n  first prompt of the batch: "
+            f"{prompts[0]!r}"
         ) from e
     try:
         values = [float(s) for s in scores]

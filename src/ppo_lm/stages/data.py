@@ -20,10 +20,10 @@ from ..models.logprobs import position_ids_from_mask  # noqa: F401 (re-exported)
 RowsLike = str | os.PathLike | Sequence[Mapping[str, Any]]
 
 
-
 class InputError(UserError, ValueError):
     """Bad input from the user to a stage — a data file, a column, a setting; the message says which
     and how to fix it (the commands print it without a traceback)."""
+
 
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []

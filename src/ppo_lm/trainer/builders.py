@@ -10,6 +10,7 @@ from torch import nn
 
 from ..models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, CriticModel, PolicyModel
 from ..models.hf_compat import disable_dropout, load_tokenizer, scalar_head, trunk
+from ..models.loading import check_tokenizer_dir, load_model
 from ..rollout.reward import load_verifier
 from .config import DataConfig, ModelConfig, TrainConfig
 from .config_io import ConfigError
@@ -36,7 +37,7 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
-def _is_model_path(spec: str) -> bool:
+def is_model_path(spec: str) -> bool:
     return not spec.startswith("builtin") and ":" not in spec.replace("\\", "/").split("/")[-1] and (
         Path(spec).exists() or "/" in spec
     )
@@ -50,9 +51,12 @@ def build_tokenizer(cfg: ModelConfig):
 
         tok = builtin()
     else:
-        if not Path(source).exists():
-            raise ConfigError(f"`model.tokenizer`/`model.policy`: no such path {source!r} (models load offline only)")
-        tok = load_tokenizer(source)
+        check_tokenizer_dir(source, "model.tokenizer" if cfg.tokenizer else "model.policy")
+        try:
+            tok = load_tokenizer(source)
+        except (OSError, ValueError, TypeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"the tokenizer in {source!r} could not be loaded: {first}") from None
     if cfg.pad_token is not None:
         if cfg.pad_token not in tok.get_vocab():
             raise ConfigError(f"`model.pad_token`={cfg.pad_token!r} is not in the tokenizer's vocabulary")
@@ -89,9 +93,7 @@ def build_policy(cfg: TrainConfig, tokenizer) -> nn.Module:
     else:
         from transformers import AutoModelForCausalLM
 
-        if not Path(m.policy).exists():
-            raise ConfigError(f"`model.policy`: no such checkpoint {m.policy!r} (models load offline only)")
-        lm = AutoModelForCausalLM.from_pretrained(m.policy, dtype=DTYPES[m.dtype])
+        lm = load_model(AutoModelForCausalLM, m.policy, "model.policy", "causal-lm", dtype=DTYPES[m.dtype])
     return lm.to(DTYPES[m.dtype])
 
 
@@ -104,13 +106,12 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 def build_reward_model(cfg: ModelConfig) -> nn.Module | None:
     """A sequence-classification reward model if ``model.reward`` is a path, else None (verifier)."""
-    if not _is_model_path(cfg.reward):
+    if not is_model_path(cfg.reward):
         return None
     from transformers import AutoModelForSequenceClassification
 
-    if not Path(cfg.reward).exists():
-        raise ConfigError(f"`model.reward`: no such reward-model checkpoint {cfg.reward!r}")
-    rm = AutoModelForSequenceClassification.from_pretrained(cfg.reward, dtype=DTYPES[cfg.dtype])
+    rm = load_model(AutoModelForSequenceClassification, cfg.reward, "model.reward", "sequence-classification",
+                    dtype=DTYPES[cfg.dtype])
     if rm.config.num_labels != 1:
         raise ConfigError(f"`model.reward`: the reward model must have one label, it has {rm.config.num_labels}")
     rm.requires_grad_(False)
@@ -119,7 +120,7 @@ def build_reward_model(cfg: ModelConfig) -> nn.Module | None:
 
 
 def build_verifier(cfg: ModelConfig):
-    if _is_model_path(cfg.reward):
+    if is_model_path(cfg.reward):
         return None
     try:
         return load_verifier(cfg.reward)
@@ -148,9 +149,9 @@ def build_critic(cfg: ModelConfig, policy_lm: nn.Module, reward_model: nn.Module
     if source == "reward" and reward_model is None:
         raise ConfigError("`model.critic_init`='reward' needs a reward model (`model.reward` is a verifier)")
     if source not in ("policy", "reward"):
-        if not Path(source).exists():
-            raise ConfigError(f"`model.critic_init`: no such checkpoint {source!r}")
-        model = AutoModelForTokenClassification.from_pretrained(source, num_labels=1, dtype=DTYPES[cfg.dtype])
+        # any checkpoint's body will do; a head it lacks (e.g. a causal LM's) starts at zero below
+        model = load_model(AutoModelForTokenClassification, source, "model.critic_init", "any", require_head=False,
+                           num_labels=1, dtype=DTYPES[cfg.dtype])
     else:
         donor = reward_model if source == "reward" else policy_lm
         config = copy.deepcopy(donor.config)
@@ -215,8 +216,8 @@ def check_prompt_rows(rows: list[dict], prompt_column: str, source: str = "`data
         raise ConfigError(f"{source}: row {bad[0]} has an empty or non-text `{prompt_column}`")
 
 
-def load_prompt_rows(cfg: DataConfig, tokenizer, *, max_prompt_tokens: int, seed: int) -> list[dict]:
-    """Training prompts; every prompt is checked to fit ``max_prompt_tokens``."""
+def read_prompt_rows(cfg: DataConfig, *, seed: int) -> list[dict]:
+    """The training prompts of ``cfg``, read and checked by their columns (no tokenizer needed)."""
     if cfg.prompts == "builtin:equations":
         from ..tasks.equations import make_prompts
 
@@ -234,12 +235,17 @@ def load_prompt_rows(cfg: DataConfig, tokenizer, *, max_prompt_tokens: int, seed
         except ValueError as e:
             raise ConfigError(str(e)) from None
     check_prompt_rows(rows, cfg.prompt_column)
-    lengths = [len(ids) for ids in tokenizer([r[cfg.prompt_column] for r in rows])["input_ids"]]  # as the rollout encodes
+    return rows
+
+
+def check_prompt_lengths(rows: list[dict], prompt_column: str, tokenizer, *, max_prompt_tokens: int) -> None:
+    """Every prompt fits ``max_prompt_tokens`` (the context less the response length), counted as the
+    rollout encodes it."""
+    lengths = [len(ids) for ids in tokenizer([r[prompt_column] for r in rows])["input_ids"]]
     longest = max(range(len(rows)), key=lengths.__getitem__)
     if lengths[longest] > max_prompt_tokens:
         raise ConfigError(
             f"`data.prompts`: prompt {longest} has {lengths[longest]} tokens but the model's context leaves "
             f"{max_prompt_tokens} for the prompt (max_position_embeddings − rollout.max_new_tokens); "
-            f"shorten it or lower `rollout.max_new_tokens`: {rows[longest][cfg.prompt_column][:80]!r}"
+            f"shorten it or lower `rollout.max_new_tokens`: {rows[longest][prompt_column][:80]!r}"
         )
-    return rows

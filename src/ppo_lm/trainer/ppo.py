@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,12 +35,11 @@ from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
 from ..rollout.sampling import SamplingParams
 from . import builders
-from .checkpoint import list_checkpoints
-from .config import AlgoConfig, TrainConfig
-from .config_io import ConfigError, dump_yaml, from_dict, load_saved_config, resume_differences, to_dict
-from .files import prepare_output_dir
+from .config import TrainConfig
+from .config_io import ConfigError, dump_yaml
 from .learner import build_learner
 from .metrics_log import MetricsLogger, truncate_jsonl
+from .preflight import preflight
 from .state import RngStreams, RunState, TrainState, load_checkpoint, save_checkpoint
 from .update import ppo_update
 from .validate import effective_algo, resolve_algo
@@ -60,12 +58,10 @@ class PPOTrainer:
 
     def __init__(self, cfg: TrainConfig, *, policy=None, tokenizer=None, verifier=None, prompt_rows=None):
         dist.init_from_env()
-        builders_validate(cfg)
-        if dist.is_main():
-            try:
-                prepare_output_dir(cfg.output_dir)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+        # Every check that needs no model first (docs/errors.md): a bad path fails in a second.
+        pre = preflight(cfg, policy_given=policy is not None, tokenizer_given=tokenizer is not None,
+                        verifier_given=verifier is not None, prompt_rows_given=prompt_rows is not None)
+        self.resuming = pre.resuming
         self.config = cfg  # as given, "auto" settings included: what the run's config.yaml records
         cfg = self.cfg = dataclasses.replace(cfg, algo=resolve_algo(cfg.algo))  # what runs
         if cfg.threads:
@@ -90,8 +86,8 @@ class PPOTrainer:
         self.reward_model = builders.build_reward_model(cfg.model)
         if self.reward_model is not None:
             self.reward_model.to(self.device)
-        self.verifier = verifier if verifier is not None else builders.build_verifier(cfg.model)
-        self.gold_verifier = builders.build_gold_verifier(cfg.model)
+        self.verifier = verifier if verifier is not None else pre.verifier
+        self.gold_verifier = pre.gold_verifier
         self.critic = None
         if self.estimator.needs_critic and not shared:
             self.critic = builders.build_critic(cfg.model, policy_lm, self.reward_model).to(self.device)
@@ -101,9 +97,10 @@ class PPOTrainer:
         max_pos = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
         if prompt_rows is not None:
             builders.check_prompt_rows(list(prompt_rows), cfg.data.prompt_column, source="`prompt_rows`")
-        self.prompt_rows = prompt_rows if prompt_rows is not None else builders.load_prompt_rows(
-            cfg.data, self.tokenizer, max_prompt_tokens=max_pos - cfg.rollout.max_new_tokens, seed=cfg.seed
-        )
+        self.prompt_rows = prompt_rows if prompt_rows is not None else pre.prompt_rows
+        if prompt_rows is None:
+            builders.check_prompt_lengths(self.prompt_rows, cfg.data.prompt_column, self.tokenizer,
+                                          max_prompt_tokens=max_pos - cfg.rollout.max_new_tokens)
 
         stop_ids = [self.tokenizer.eos_token_id]
         for s in cfg.rollout.stop_tokens:
@@ -281,31 +278,6 @@ class PPOTrainer:
             m["return_mean"] = s_ret / n_tok
         return m
 
-    def _check_resume_config(self) -> None:
-        """A resumed run must be the same experiment as the run it continues (its config.yaml): other
-        settings would silently make the rest of the run a different one, or fail to load."""
-        saved = load_saved_config(self.output_dir / "config.yaml")
-        if not saved:
-            return
-        try:  # algo compared as it computes: "auto" resolved, and "no KL" written one way, on both sides
-            saved = {**saved, "algo": to_dict(effective_algo(from_dict(AlgoConfig, saved.get("algo") or {})))}
-        except ConfigError:
-            pass  # an algo field that no longer exists: compare what both have
-        diffs = resume_differences(dataclasses.replace(self.cfg, algo=effective_algo(self.cfg.algo)), saved)
-        if diffs:
-            raise ConfigError(
-                f"--resume of {str(self.output_dir)!r} with settings that differ from the run's config.yaml: "
-                + "; ".join(diffs) + ". Resume with the run's own settings (`ppo-lm train --output-dir DIR "
-                "--resume --iterations N` reads them from DIR/config.yaml), or start a new run in another "
-                "--output-dir"
-            )
-        o, before = self.cfg.optim, saved.get("iterations")
-        if o.schedule != "constant" and before is not None and before != self.cfg.iterations:
-            warnings.warn(
-                f"`optim.schedule`={o.schedule!r}: the run so far followed a schedule over {before} iterations; "
-                f"from here it follows one over {self.cfg.iterations}, so the learning rate jumps and the run "
-                "differs from an uninterrupted one of that length", stacklevel=3)
-
     # ------------------------------------------------------------------------------------------
     def train(
         self, eval_fn: Callable[[int, PPOTrainer], dict[str, float]] | None = None, eval_every: int = 1
@@ -320,14 +292,7 @@ class PPOTrainer:
         start = 0
         if dist.is_main():
             self.output_dir.mkdir(parents=True, exist_ok=True)
-        has_checkpoint = bool(list_checkpoints(self.output_dir))
-        if cfg.resume and not has_checkpoint:
-            raise ConfigError(
-                f"--resume: {str(self.output_dir)!r} holds no checkpoint to resume from; start the run without "
-                "--resume, or use --auto-resume (resumes when there is a checkpoint, starts fresh otherwise)"
-            )
-        if cfg.resume or (cfg.auto_resume and has_checkpoint):
-            self._check_resume_config()
+        if self.resuming:
             start = load_checkpoint(self.run_state, self.output_dir)
             if start >= cfg.iterations:
                 if dist.is_main():
@@ -341,11 +306,6 @@ class PPOTrainer:
             if dist.is_main():
                 truncate_jsonl(self.output_dir / "metrics.jsonl", start)
                 truncate_jsonl(self.output_dir / "samples.jsonl", start)
-        elif dist.is_main() and (self.output_dir / "metrics.jsonl").exists():
-            raise ConfigError(
-                f"`output_dir` {str(self.output_dir)!r} already holds a run: pass --resume to continue it, "
-                "or choose another --output-dir"
-            )
         if dist.is_main():
             dump_yaml(self.config, self.output_dir / "config.yaml")
         logger = MetricsLogger(self.output_dir, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
@@ -374,9 +334,3 @@ class PPOTrainer:
             if logger:
                 logger.close()
         return history
-
-def builders_validate(cfg: TrainConfig) -> None:
-    from .validate import validate_config
-
-    validate_config(cfg, dist.world_size())
-

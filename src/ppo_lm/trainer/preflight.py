@@ -1,0 +1,126 @@
+"""Every check of a run that needs no model, done before the first model loads: a typo in a path
+costs a second, not the minutes a big model takes to load (docs/errors.md).
+
+Order: settings → output directory (creatable, writable, no other run unless resuming) → resume
+(a checkpoint is there, the settings match the run's) → model and tokenizer directories (by their
+``config.json`` and file names) → the reward function (imported) → the prompt data (read, columns).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import distributed as dist
+from ..models.loading import check_model_dir, check_tokenizer_dir
+from . import builders
+from .checkpoint import list_checkpoints
+from .config import AlgoConfig, TrainConfig
+from .config_io import ConfigError, from_dict, load_saved_config, resume_differences, to_dict
+from .files import prepare_output_dir
+from .validate import effective_algo, validate_config
+
+
+@dataclass
+class Preflight:
+    """What the checks found or loaded on the way, so nothing is done twice."""
+
+    resuming: bool
+    """The run continues from a checkpoint (``--resume``, or ``--auto-resume`` with one there)."""
+    verifier: object | None
+    """The imported verifier; None when ``model.reward`` is a reward-model directory or one was given."""
+    gold_verifier: object | None
+    prompt_rows: list[dict] | None
+    """The prompt rows read from ``data`` (their token lengths are checked once the tokenizer is
+    loaded); None when rows were given from Python."""
+
+
+def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: bool = False,
+              verifier_given: bool = False, prompt_rows_given: bool = False) -> Preflight:
+    """Run the checks of the module docstring in order; the first failure raises :class:`ConfigError`
+    (or :class:`~ppo_lm.models.loading.ModelLoadError`) naming the setting and the fix. ``*_given``:
+    that object comes from Python, so its setting is not checked."""
+    validate_config(cfg, dist.world_size())
+    out = Path(cfg.output_dir)
+    if dist.is_main():
+        try:
+            prepare_output_dir(out)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    resuming = _check_resume(cfg, out)
+
+    m = cfg.model
+    if not policy_given and m.policy != "builtin":
+        config = check_model_dir(m.policy, "model.policy", "causal-lm")
+        _check_context(config, cfg)
+    tokenizer_dir = m.tokenizer or m.policy
+    if not tokenizer_given and tokenizer_dir != "builtin":
+        check_tokenizer_dir(tokenizer_dir, "model.tokenizer" if m.tokenizer else "model.policy")
+    if builders.is_model_path(m.reward):
+        check_model_dir(m.reward, "model.reward", "sequence-classification")
+    if m.critic_init not in ("auto", "policy", "reward"):
+        check_model_dir(m.critic_init, "model.critic_init")
+
+    verifier = None if verifier_given else builders.build_verifier(m)
+    gold = builders.build_gold_verifier(m)
+    rows = None if prompt_rows_given else builders.read_prompt_rows(cfg.data, seed=cfg.seed)
+    return Preflight(resuming, verifier, gold, rows)
+
+
+def _check_context(config: dict, cfg: TrainConfig) -> None:
+    """The response length fits the policy's context, with room for a prompt."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    context = text.get("max_position_embeddings")
+    if isinstance(context, int) and cfg.rollout.max_new_tokens >= context:
+        raise ConfigError(
+            f"`rollout.max_new_tokens`={cfg.rollout.max_new_tokens} leaves no room for a prompt in the policy's "
+            f"context of {context} tokens (max_position_embeddings); lower it below {context}"
+        )
+
+
+def _check_resume(cfg: TrainConfig, out: Path) -> bool:
+    """Whether the run resumes; errors for ``--resume`` without a checkpoint and for a new run in a
+    directory that holds one, and checks that a resumed run's settings are its own."""
+    has_checkpoint = bool(list_checkpoints(out))
+    if cfg.resume and not has_checkpoint:
+        raise ConfigError(
+            f"--resume: {str(out)!r} holds no checkpoint to resume from; start the run without "
+            "--resume, or use --auto-resume (resumes when there is a checkpoint, starts fresh otherwise)"
+        )
+    resuming = cfg.resume or (cfg.auto_resume and has_checkpoint)
+    if not resuming and dist.is_main() and ((out / "metrics.jsonl").exists() or has_checkpoint):
+        raise ConfigError(
+            f"`output_dir` {str(out)!r} already holds a run: pass --resume to continue it, "
+            "or choose another --output-dir"
+        )
+    if resuming:
+        check_resume_config(cfg, out)
+    return resuming
+
+
+def check_resume_config(cfg: TrainConfig, out: Path) -> None:
+    """A resumed run must be the same experiment as the run it continues (its config.yaml): other
+    settings would silently make the rest of the run a different one, or fail to load."""
+    saved = load_saved_config(out / "config.yaml")
+    if not saved:
+        return
+    try:  # algo compared as it computes: "auto" resolved, and "no KL" written one way, on both sides
+        saved = {**saved, "algo": to_dict(effective_algo(from_dict(AlgoConfig, saved.get("algo") or {})))}
+    except ConfigError:
+        pass  # an algo field that no longer exists: compare what both have
+    diffs = resume_differences(dataclasses.replace(cfg, algo=effective_algo(cfg.algo)), saved)
+    if diffs:
+        raise ConfigError(
+            f"--resume of {str(out)!r} with settings that differ from the run's config.yaml: "
+            + "; ".join(diffs) + ". Resume with the run's own settings (`ppo-lm train --output-dir DIR "
+            "--resume --iterations N` reads them from DIR/config.yaml), or start a new run in another "
+            "--output-dir"
+        )
+    o, before = cfg.optim, saved.get("iterations")
+    if o.schedule != "constant" and before is not None and before != cfg.iterations:
+        warnings.warn(
+            f"`optim.schedule`={o.schedule!r}: the run so far followed a schedule over {before} iterations; "
+            f"from here it follows one over {cfg.iterations}, so the learning rate jumps and the run "
+            "differs from an uninterrupted one of that length", stacklevel=3)
