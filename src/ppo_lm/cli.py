@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+_python_format_warning = warnings.formatwarning
 
 
 def _parse(cls: type, argv: list[str], prog: str, description: str, *, resumable: bool = False):
@@ -90,8 +92,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """ppo-lm's own warnings as one line a user reads (``ppo-lm: warning: …``); others as Python
+    prints them, with their file and line."""
+    if Path(filename).resolve().is_relative_to(Path(__file__).resolve().parent):
+        return f"ppo-lm: warning: {message}\n"
+    return _python_format_warning(message, category, filename, lineno, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    warnings.formatwarning = _format_warning
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: ppo-lm [--version] COMMAND [--config FILE.yaml] [--section.field VALUE ...]\n\ncommands:")
         for name, (_, help_) in COMMANDS.items():

@@ -12,6 +12,7 @@ from ..models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, CriticModel, 
 from ..models.hf_compat import disable_dropout, load_tokenizer, scalar_head, trunk
 from ..models.loading import check_tokenizer_dir, load_model
 from ..rollout.reward import load_verifier
+from . import console
 from .config import DataConfig, ModelConfig, TrainConfig
 from .config_io import ConfigError
 
@@ -93,7 +94,8 @@ def build_policy(cfg: TrainConfig, tokenizer) -> nn.Module:
     else:
         from transformers import AutoModelForCausalLM
 
-        lm = load_model(AutoModelForCausalLM, m.policy, "model.policy", "causal-lm", dtype=DTYPES[m.dtype])
+        with console.loading("the policy", m.policy):
+            lm = load_model(AutoModelForCausalLM, m.policy, "model.policy", "causal-lm", dtype=DTYPES[m.dtype])
     return lm.to(DTYPES[m.dtype])
 
 
@@ -110,8 +112,9 @@ def build_reward_model(cfg: ModelConfig) -> nn.Module | None:
         return None
     from transformers import AutoModelForSequenceClassification
 
-    rm = load_model(AutoModelForSequenceClassification, cfg.reward, "model.reward", "sequence-classification",
-                    dtype=DTYPES[cfg.dtype])
+    with console.loading("the reward model", cfg.reward):
+        rm = load_model(AutoModelForSequenceClassification, cfg.reward, "model.reward", "sequence-classification",
+                        dtype=DTYPES[cfg.dtype])
     if rm.config.num_labels != 1:
         raise ConfigError(f"`model.reward`: the reward model must have one label, it has {rm.config.num_labels}")
     rm.requires_grad_(False)
@@ -150,8 +153,9 @@ def build_critic(cfg: ModelConfig, policy_lm: nn.Module, reward_model: nn.Module
         raise ConfigError("`model.critic_init`='reward' needs a reward model (`model.reward` is a verifier)")
     if source not in ("policy", "reward"):
         # any checkpoint's body will do; a head it lacks (e.g. a causal LM's) starts at zero below
-        model = load_model(AutoModelForTokenClassification, source, "model.critic_init", "any", require_head=False,
-                           num_labels=1, dtype=DTYPES[cfg.dtype])
+        with console.loading("the critic's body", source):
+            model = load_model(AutoModelForTokenClassification, source, "model.critic_init", "any",
+                               require_head=False, num_labels=1, dtype=DTYPES[cfg.dtype])
     else:
         donor = reward_model if source == "reward" else policy_lm
         config = copy.deepcopy(donor.config)

@@ -226,7 +226,11 @@ class LogConfig:
     tensorboard: bool = True
     """Also write the metrics to OUTPUT_DIR/tensorboard (skipped when TensorBoard is not installed)."""
     progress: bool = True
-    """Show a progress bar with score, ref_kl and value loss, redrawn once per iteration."""
+    """Show the run's progress: on a terminal, a bar with score, ref_kl and value loss redrawn once per
+    iteration; otherwise (a batch job's log file) a plain line every print_every iterations."""
+    print_every: int = 1
+    """When stdout is not a terminal: print (and flush) one line of the main metrics every this many
+    iterations, and after the last; 0 = none."""
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -33,13 +34,39 @@ def truncate_jsonl(path: Path, max_iteration: int) -> None:
     atomic_write_text(path, "".join(k + "\n" for k in keep))  # a crash here must not cut the log
 
 
-class MetricsLogger:
-    """Appends one JSON object per iteration; mirrors to TensorBoard when installed."""
+_TENSORBOARD_NOTICE_SHOWN = False
 
-    def __init__(self, output_dir: str | Path, *, tensorboard: bool = True, progress: bool = True, total: int = 0):
+
+def _tensorboard_missing_notice() -> None:
+    global _TENSORBOARD_NOTICE_SHOWN
+    if not _TENSORBOARD_NOTICE_SHOWN:
+        _TENSORBOARD_NOTICE_SHOWN = True
+        print("ppo-lm: note: TensorBoard is not installed, so metrics go to metrics.jsonl only (pip install "
+              "tensorboard, or pass --log.no-tensorboard)", file=sys.stderr, flush=True)
+
+
+def headline(metrics: dict[str, float]) -> str:
+    """The few numbers a person watches: score (± its spread), KL to the reference, the losses."""
+    parts = [f"score {metrics.get('score', math.nan):.3f}"]
+    if "score_std" in metrics:
+        parts[0] += f" ±{metrics['score_std']:.3f}"
+    parts.append(f"ref_kl {metrics.get('ref_kl', math.nan):.3f}")
+    for key, short in (("policy_loss", "pg"), ("value_loss", "vf"), ("eval_accuracy", "eval")):
+        if key in metrics:
+            parts.append(f"{short} {metrics[key]:.3f}")
+    return "  ".join(parts)
+
+
+class MetricsLogger:
+    """Appends one JSON object per iteration; mirrors to TensorBoard when installed; shows progress —
+    a bar on a terminal, plain flushed lines in a log file (``print_every``)."""
+
+    def __init__(self, output_dir: str | Path, *, tensorboard: bool = True, progress: bool = True, total: int = 0,
+                 print_every: int = 1, terminal: bool | None = None):
         self.dir = Path(output_dir)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
+        self.total = total
         self.tb = None
         if tensorboard:
             try:
@@ -47,9 +74,11 @@ class MetricsLogger:
 
                 self.tb = SummaryWriter(str(self.dir / "tensorboard"))
             except ImportError:
-                self.tb = None
+                _tensorboard_missing_notice()
+        terminal = sys.stdout.isatty() if terminal is None else terminal
+        self.print_every = print_every if progress and not terminal else 0
         self.progress = None
-        if progress:
+        if progress and terminal:
             self.progress = Progress(
                 TextColumn("[bold]ppo-lm[/]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                 TextColumn("{task.fields[headline]}"),
@@ -77,11 +106,11 @@ class MetricsLogger:
                     self.tb.add_scalar(k, float(v), iteration)
             self.tb.flush()
         if self.progress:
-            head = f"score {metrics.get('score', float('nan')):.3f}  ref_kl {metrics.get('ref_kl', float('nan')):.3f}"
-            if "value_loss" in metrics:
-                head += f"  vf {metrics['value_loss']:.3f}"
-            self.progress.update(self.task, completed=iteration, headline=head)
+            self.progress.update(self.task, completed=iteration, headline=headline(metrics))
             self.progress.refresh()
+        if self.print_every and (iteration % self.print_every == 0 or iteration == self.total):
+            took = f"  {metrics['iteration_s']:.1f} s" if "iteration_s" in metrics else ""
+            print(f"iteration {iteration}/{self.total}  {headline(metrics)}{took}", flush=True)
 
     def log_samples(self, iteration: int, rows: list[dict]) -> None:
         with open(self.samples_path, "a") as f:

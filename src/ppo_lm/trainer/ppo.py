@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from ..models.actor_critic import RewardScorer
 from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
 from ..rollout.sampling import SamplingParams
-from . import builders
+from . import builders, console
 from .config import TrainConfig
 from .config_io import ConfigError, dump_yaml
 from .learner import build_learner
@@ -131,6 +132,7 @@ class PPOTrainer:
         self.state = TrainState()
         self.run_state = RunState(self.learner, self.tokenizer, self.kl_ctl,
                                   RngStreams(self.sample_gen, self.shuffle_gen), self.state)
+        console.say(console.banner(self))
 
     # ------------------------------------------------------------------------------------------
     def prompts_for(self, iteration: int) -> list[dict]:
@@ -243,21 +245,42 @@ class PPOTrainer:
         self._last_batch = batch
         return metrics
 
+    def _warn_no_signal(self, score: float) -> None:
+        """Once per run: every response of an iteration scored the same, so the advantages carry no
+        information about which response was better — typical of an untrained policy on a hard task."""
+        if getattr(self, "_warned_no_signal", False) or not dist.is_main():
+            return
+        self._warned_no_signal = True
+        warnings.warn(
+            f"every response of this iteration scored {score:g}: the scores carry no learning signal. Start "
+            "from a policy that sometimes succeeds (e.g. after `ppo-lm sft`), sample more per prompt "
+            "(`rollout.samples_per_prompt`), or use a reward with partial credit", stacklevel=3)
+
     def _rollout_metrics(self, batch: RolloutBatch, rewards: Tensor, advantages: Tensor, returns: Tensor | None,
                          beta: float) -> dict[str, float]:
         a, mask = self.cfg.algo, batch.response_mask
         mf = mask.float()
         lengths = mf.sum(1)
         kl = kl_penalty(batch.logp_old, batch.logp_ref, a.kl_estimator).where(mask, 0).sum(1)
+        scores = batch.scores.double().cpu()
+        k = self.cfg.rollout.samples_per_prompt
+        groups = scores.view(-1, k)
+        equal_groups = (groups == groups[:, :1]).all(1).double().sum() if k > 1 else torch.zeros((), dtype=torch.double)
         sums = torch.stack([
             torch.tensor(float(batch.size)), batch.scores.sum().cpu(), rewards.sum().cpu(), kl.sum().cpu(),
             lengths.sum().cpu(), (~batch.terminated).float().sum().cpu(), mf.sum().cpu(),
             advantages.where(mask, 0).sum().cpu(), advantages.where(mask, 0).square().sum().cpu(),
+            scores.square().sum(), equal_groups,
         ]).double()
-        n, s_score, s_rew, s_kl, s_len, s_trunc, n_tok, s_adv, s_adv2 = dist.all_reduce_sum(sums).tolist()
-        adv_mean = s_adv / n_tok
+        (n, s_score, s_rew, s_kl, s_len, s_trunc, n_tok, s_adv, s_adv2, s_score2,
+         n_equal) = dist.all_reduce_sum(sums).tolist()
+        score_max, neg_score_min = dist.all_reduce_max(torch.stack([scores.max(), -scores.min()])).tolist()
+        adv_mean, score_mean = s_adv / n_tok, s_score / n
         m = {
-            "score": s_score / n,
+            "score": score_mean,
+            "score_std": max(s_score2 / n - score_mean**2, 0.0) ** 0.5,
+            "score_min": -neg_score_min,
+            "score_max": score_max,
             "shaped_reward": s_rew / n,
             "ref_kl": s_kl / n,
             "kl_coef": beta,
@@ -267,6 +290,10 @@ class PPOTrainer:
             "advantage_mean": adv_mean,
             "advantage_std": max(s_adv2 / n_tok - adv_mean**2, 0.0) ** 0.5,
         }
+        if k > 1:
+            m["equal_score_groups_frac"] = n_equal / (n / k)
+        if score_max == -neg_score_min:
+            self._warn_no_signal(score_max)
         if batch.gold_scores is not None:
             m["gold_score"] = float(dist.all_reduce_sum(batch.gold_scores.sum().double().cpu())) / n
         if batch.values_old is not None and returns is not None:
@@ -294,6 +321,7 @@ class PPOTrainer:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         if self.resuming:
             start = load_checkpoint(self.run_state, self.output_dir)
+            console.say(f"resumed from the checkpoint of iteration {start}")
             if start >= cfg.iterations:
                 if dist.is_main():
                     print(f"{self.output_dir}: the run is at iteration {start}, which already reaches "
@@ -309,7 +337,7 @@ class PPOTrainer:
         if dist.is_main():
             dump_yaml(self.config, self.output_dir / "config.yaml")
         logger = MetricsLogger(self.output_dir, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
-                               total=cfg.iterations) if dist.is_main() else None
+                               total=cfg.iterations, print_every=cfg.log.print_every) if dist.is_main() else None
         history = []
         try:
             if logger:

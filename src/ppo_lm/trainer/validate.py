@@ -89,7 +89,7 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
         raise ConfigError(f"`model.value_grad_scale` must lie in [0, 1], got {cfg.model.value_grad_scale}")
     if log.keep_last < 1:
         raise ConfigError(f"`log.keep_last` must be >= 1, got {log.keep_last}")
-    for name, v in [("threads", cfg.threads), ("log.save_every", log.save_every),
+    for name, v in [("threads", cfg.threads), ("log.save_every", log.save_every), ("log.print_every", log.print_every),
                     ("optim.warmup_steps", o.warmup_steps), ("optim.critic_warmup_iterations", o.critic_warmup_iterations)]:
         if v < 0:
             raise ConfigError(f"`{name}` must be >= 0, got {v}")

@@ -1,0 +1,73 @@
+"""What a run prints for people and for batch jobs' logs: progress while models load, a start-up
+banner, and (trainer/metrics_log.py) a line per iteration. Only the main process prints; every line is
+flushed, so ``ppo-lm train … > log 2>&1`` shows the run as it goes."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from torch import nn
+
+from .. import distributed as dist
+
+
+def say(message: str) -> None:
+    if dist.is_main():
+        print(message, flush=True)
+
+
+@contextlib.contextmanager
+def loading(what: str, source: str):
+    """``loading policy from DIR … 12.3 s``: a big model takes minutes to load, and a silent
+    process looks hung."""
+    t0 = time.perf_counter()
+    if dist.is_main():
+        print(f"loading {what} from {source} …", end="", flush=True)
+    try:
+        yield
+    except BaseException:
+        if dist.is_main():
+            print(" failed", flush=True)
+        raise
+    if dist.is_main():
+        print(f" {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def parameters(model: nn.Module | None) -> str:
+    """``'1.23 M (trained)'``-style count of a model's parameters."""
+    if model is None:
+        return "none"
+    total = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    size = f"{total / 1e9:.2f} B" if total >= 1e9 else f"{total / 1e6:.2f} M"
+    state = "trained" if trained == total else "frozen" if trained == 0 else f"{trained / total:.0%} trained"
+    return f"{size} parameters, {state}"
+
+
+def banner(trainer) -> str:
+    """The run in a few lines: version, output, device and dtype, each model's size, the estimator
+    and the per-iteration budget."""
+    from .. import __version__
+
+    cfg, a, r, o = trainer.cfg, trainer.cfg.algo, trainer.cfg.rollout, trainer.cfg.optim
+    lines = [f"ppo-lm {__version__} · {'resuming' if trainer.resuming else 'new run'} in {cfg.output_dir}"
+             + (f" · {trainer.world} processes" if trainer.world > 1 else "")]
+    lines.append(f"  device {trainer.device} · {cfg.model.dtype}"
+                 + (f" · {trainer.learner.lanes.lanes} CPU lanes" if trainer.device.type == "cpu" and trainer.world == 1 else ""))
+    lines.append(f"  policy    {type(trainer.policy.lm).__name__} from {cfg.model.policy}: "
+                 f"{parameters(trainer.policy)}")
+    lines.append(f"  reference frozen copy of the policy: {parameters(trainer.ref)}")
+    if trainer.critic is not None:
+        lines.append(f"  critic    {type(trainer.critic.model).__name__}: {parameters(trainer.critic)}")
+    elif trainer.shared_critic:
+        lines.append("  critic    a value head on the policy's body")
+    if trainer.reward_model is not None:
+        lines.append(f"  reward    model from {cfg.model.reward}: {parameters(trainer.reward_model)}")
+    else:
+        lines.append(f"  reward    {cfg.model.reward if trainer.verifier is not None else 'a Python verifier'}")
+    kl = f"KL {a.kl_estimator} in the {a.kl_in}, β {a.kl_coef:g}" if a.kl_coef else "no KL"
+    lines.append(f"  estimator {a.estimator} · {kl} · {r.num_prompts} prompts × {r.samples_per_prompt} "
+                 f"sample{'s' if r.samples_per_prompt > 1 else ''} × ≤{r.max_new_tokens} tokens per iteration · {o.epochs} epochs × "
+                 f"{o.num_minibatches} minibatches · {cfg.iterations} iterations")
+    return "\n".join(lines)
