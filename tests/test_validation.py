@@ -128,17 +128,36 @@ def test_jsonl_prompts_extra_columns_reach_verifier(tmp_path):
     assert all(p == f"Solve x+{t[1:]}=9\n" for p, t in zip(seen["prompts"], seen["tag"]))
 
 
-def test_tokenizer_pad_checks(tmp_path):
+def test_a_missing_or_stop_token_pad_is_replaced_by_a_free_special_token(tmp_path, capsys):
+    """Most instruct models pad with EOS; padding is masked by id, so a free special token is taken
+    (logged), and with none left the error names `model.pad_token`."""
     from ppo_lm.tasks.equations import build_tokenizer
 
     tok = build_tokenizer()
     tok.pad_token = tok.eos_token
-    with pytest.raises(ConfigError, match="pad token equals its EOS"):
-        PPOTrainer(tiny_config(tmp_path), tokenizer=tok)
+    tr = PPOTrainer(tiny_config(tmp_path / "a"), tokenizer=tok, verifier=count_sevens)
+    assert tr.tokenizer.pad_token == "<pad>"
+    assert "pad token '<eos>', a stop token; padding with the free special token '<pad>'" in capsys.readouterr().out
     tok2 = build_tokenizer()
     tok2.pad_token = None
-    with pytest.raises(ConfigError, match="no pad token.*model.pad_token"):
-        PPOTrainer(tiny_config(tmp_path), tokenizer=tok2)
+    PPOTrainer(tiny_config(tmp_path / "b"), tokenizer=tok2, verifier=count_sevens)
+    assert tok2.pad_token == "<pad>"
+    tok3 = build_tokenizer()  # "<pad>" a stop token too: the unk token is the one left
+    tok3.pad_token = tok3.eos_token
+    PPOTrainer(tiny_config(tmp_path / "c", rollout__stop_tokens=["<pad>"]), tokenizer=tok3, verifier=count_sevens)
+    assert tok3.pad_token == "<unk>"
+
+    from ppo_lm.trainer.builders import ensure_pad_token
+
+    class OnlyEos:
+        eos_token_id, pad_token_id, bos_token_id, unk_token, pad_token = 1, 1, None, None, "<eos>"
+        all_special_tokens, added_tokens_decoder, chat_template = ["<eos>"], {}, None
+
+        def convert_tokens_to_ids(self, s):
+            return 1
+
+    with pytest.raises(ConfigError, match="no free special token.*`model.pad_token`"):
+        ensure_pad_token(OnlyEos())
 
 
 @pytest.mark.parametrize(

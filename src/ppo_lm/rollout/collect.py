@@ -44,6 +44,7 @@ def collect_rollout(
     timings: dict[str, float] | None = None,
     logp_from_sampler: bool = False,
     lanes: Lanes | None = None,
+    add_special_tokens: bool = True,
 ) -> RolloutBatch:
     """Sample ``samples_per_prompt`` responses per prompt row and score them.
 
@@ -51,12 +52,14 @@ def collect_rollout(
     ``logp_from_sampler``: logp_old from the decode logits (no scoring forward of the policy, unless
     the shared critic needs it for values); by default a training-layout forward computes it.
 
+    ``add_special_tokens``: False for prompts a chat template rendered (it writes its own BOS).
+
     Episodes are laid out group-contiguous: [p0s0, p0s1, …, p1s0, …]. ``timings`` receives the
     seconds spent in ``generate`` and ``score`` (all scoring forwards and the reward).
     """
     timings = timings if timings is not None else {}
     prompts = [row[prompt_column] for row in prompt_rows for _ in range(samples_per_prompt)]
-    prompt_ids, prompt_mask = (t.to(device) for t in encode_prompts(tokenizer, prompts))
+    prompt_ids, prompt_mask = (t.to(device) for t in encode_prompts(tokenizer, prompts, add_special_tokens))
     B, P = prompt_ids.shape
 
     t0 = time.perf_counter()

@@ -12,6 +12,7 @@ from ..models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, CriticModel, 
 from ..models.hf_compat import disable_dropout, load_tokenizer, scalar_head, trunk
 from ..models.loading import check_tokenizer_dir, load_model
 from ..rollout.reward import load_verifier
+from ..rollout.text import is_conversation, render_conversation
 from . import console
 from .config import DataConfig, ModelConfig, TrainConfig
 from .config_io import ConfigError
@@ -45,7 +46,8 @@ def is_model_path(spec: str) -> bool:
 
 
 def build_tokenizer(cfg: ModelConfig):
-    """The tokenizer, checked: it needs a pad token distinct from EOS (padding is masked by id)."""
+    """The tokenizer, with a pad token that is neither EOS nor any other stop token (padding is
+    masked by id): ``model.pad_token`` when set, else its own, else a free special token (logged)."""
     source = cfg.tokenizer or cfg.policy
     if source == "builtin":
         from ..tasks.equations import build_tokenizer as builtin
@@ -62,23 +64,61 @@ def build_tokenizer(cfg: ModelConfig):
         if cfg.pad_token not in tok.get_vocab():
             raise ConfigError(f"`model.pad_token`={cfg.pad_token!r} is not in the tokenizer's vocabulary")
         tok.pad_token = cfg.pad_token
-    check_tokenizer(tok)
+    ensure_pad_token(tok, policy_stop_ids(cfg.policy))
     return tok
 
 
-def check_tokenizer(tok) -> None:
-    if tok.pad_token_id is None:
-        raise ConfigError(
-            "the tokenizer has no pad token: set `model.pad_token` to an unused token of its vocabulary "
-            "(e.g. '<|finetune_right_pad_id|>' or the unk token)"
-        )
+def policy_stop_ids(policy: str) -> list[int]:
+    """The end-of-turn ids a checkpoint's generation config declares (``eos_token_id``: an id or a
+    list, e.g. ``<|im_end|>`` and ``<|endoftext|>``), read from its JSON files before it loads."""
+    import json
+
+    if policy == "builtin":
+        return []
+    for name in ("generation_config.json", "config.json"):
+        f = Path(policy) / name
+        try:
+            eos = json.loads(f.read_text()).get("eos_token_id") if f.is_file() else None
+        except (OSError, ValueError):
+            eos = None
+        if eos is not None:
+            return [eos] if isinstance(eos, int) else [int(i) for i in eos]
+    return []
+
+
+def generation_stop_ids(lm: nn.Module) -> list[int]:
+    """The end-of-turn ids of a loaded model's generation config (an id or a list)."""
+    eos = getattr(getattr(lm, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(i) for i in eos]
+
+
+def ensure_pad_token(tok, stop_ids: list[int] = ()) -> None:
+    """Give ``tok`` a pad token that no stop token shares. Most instruct models set pad = EOS; then
+    a special token that is not a stop token, not BOS, and not written by the chat template is taken
+    (logged), preferring one named like a pad token. Raises :class:`ConfigError` naming
+    ``model.pad_token`` when there is none."""
     if tok.eos_token_id is None:
         raise ConfigError("the tokenizer has no EOS token: responses could never terminate")
-    if tok.pad_token_id == tok.eos_token_id:
+    stops = {tok.eos_token_id, *stop_ids}
+    if tok.pad_token_id is not None and tok.pad_token_id not in stops:
+        return
+    template = tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else ""
+    specials = list(dict.fromkeys([*tok.all_special_tokens,
+                                   *(a.content for a in tok.added_tokens_decoder.values() if a.special)]))
+    free = [s for s in specials if tok.convert_tokens_to_ids(s) not in stops | {tok.bos_token_id}
+            and s not in template]
+    if not free:
+        why = "has no pad token" if tok.pad_token_id is None else f"pads with a stop token ({tok.pad_token!r})"
         raise ConfigError(
-            f"the tokenizer's pad token equals its EOS token ({tok.eos_token!r}): set `model.pad_token` to "
-            "another token of its vocabulary, so a generated EOS is never mistaken for padding"
-        )
+            f"the tokenizer {why} and has no free special token to pad with: set `model.pad_token` to a token "
+            "of its vocabulary that responses never contain (padding is masked by id)")
+    choice = sorted(free, key=lambda s: ("pad" not in s.lower(), s != tok.unk_token))[0]
+    was = "no pad token" if tok.pad_token_id is None else f"pad token {tok.pad_token!r}, a stop token"
+    console.say(f"tokenizer: {was}; padding with the free special token {choice!r} (id "
+                f"{tok.convert_tokens_to_ids(choice)}); set `model.pad_token` to choose another")
+    tok.pad_token = choice
 
 
 def build_policy(cfg: TrainConfig, tokenizer) -> nn.Module:
@@ -215,9 +255,16 @@ def check_prompt_rows(rows: list[dict], prompt_column: str, source: str = "`data
         )
     if prompt_column not in rows[0]:
         raise ConfigError(f"{source}: no column {prompt_column!r} (`data.prompt_column`); columns: {sorted(rows[0])}")
-    bad = [i for i, r in enumerate(rows) if not isinstance(r[prompt_column], str) or not r[prompt_column]]
+    bad = [i for i, r in enumerate(rows) if not (isinstance(r[prompt_column], str) and r[prompt_column])
+           and not is_conversation(r[prompt_column])]
     if bad:
-        raise ConfigError(f"{source}: row {bad[0]} has an empty or non-text `{prompt_column}`")
+        raise ConfigError(f"{source}: row {bad[0]} has an empty or non-text `{prompt_column}` (give text, or a "
+                          "list of {'role': ..., 'content': ...} messages)")
+    chat = is_conversation(rows[0][prompt_column])
+    odd = next((i for i, r in enumerate(rows) if is_conversation(r[prompt_column]) != chat), None)
+    if odd is not None:
+        raise ConfigError(f"{source}: rows 0 and {odd} hold different kinds of `{prompt_column}` (plain text and "
+                          "chat messages); use one kind")
 
 
 def read_prompt_rows(cfg: DataConfig, *, seed: int) -> list[dict]:
@@ -235,17 +282,41 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int) -> list[dict]:
         from ..stages.data import load_rows
 
         try:
-            rows = load_rows(cfg.prompts, [cfg.prompt_column], name="prompt data (`data.prompts`)")
+            # columns checked below: the prompt column may hold chat messages as well as text
+            rows = load_rows(cfg.prompts, [], name="prompt data (`data.prompts`)")
         except ValueError as e:
             raise ConfigError(str(e)) from None
     check_prompt_rows(rows, cfg.prompt_column)
     return rows
 
 
-def check_prompt_lengths(rows: list[dict], prompt_column: str, tokenizer, *, max_prompt_tokens: int) -> None:
+def render_prompts(rows: list[dict], cfg: DataConfig, tokenizer) -> tuple[list[dict], bool]:
+    """Rows whose prompt column holds chat messages, rendered to text with the chat template
+    (``data.chat_template``); returns (rows, rendered). Plain-text prompts are returned as they are."""
+    column = cfg.prompt_column
+    if not rows or not is_conversation(rows[0][column]):
+        return rows, False
+    if cfg.chat_template == "none":
+        raise ConfigError(f"`data.prompts`: `{column}` holds chat messages but `data.chat_template` is 'none'; "
+                          "set it to 'auto' (the tokenizer's template) or a Jinja file")
+    template = None
+    if cfg.chat_template != "auto":
+        template = Path(cfg.chat_template).read_text()
+    elif not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"`data.prompts`: `{column}` holds chat messages but the tokenizer has no chat template; "
+                          "set `data.chat_template` to a Jinja template file")
+    try:
+        return [{**r, column: render_conversation(tokenizer, r[column], template)} for r in rows], True
+    except Exception as e:  # noqa: BLE001 (a user's Jinja template can raise anything)
+        raise ConfigError(f"`data.chat_template`: rendering the messages of row 0 failed: {type(e).__name__}: {e}") from None
+
+
+def check_prompt_lengths(rows: list[dict], prompt_column: str, tokenizer, *, max_prompt_tokens: int,
+                         add_special_tokens: bool = True) -> None:
     """Every prompt fits ``max_prompt_tokens`` (the context less the response length), counted as the
     rollout encodes it."""
-    lengths = [len(ids) for ids in tokenizer([r[prompt_column] for r in rows])["input_ids"]]
+    lengths = [len(ids) for ids in tokenizer([r[prompt_column] for r in rows],
+                                             add_special_tokens=add_special_tokens)["input_ids"]]
     longest = max(range(len(rows)), key=lengths.__getitem__)
     if lengths[longest] > max_prompt_tokens:
         raise ConfigError(

@@ -71,6 +71,10 @@ class DataConfig:
     prompt_column: str = "prompt"
     """Column of `data.prompts` that holds the prompt text; the other columns reach a verifier as keyword
     arguments. Must be 'prompt' with the built-in prompts."""
+    chat_template: str = "auto"
+    """How a prompt column of chat messages (lists of {"role", "content"}) becomes text: 'auto' = the
+    tokenizer's chat template, with the assistant turn opened (add_generation_prompt); a path = a
+    Jinja template file used instead; 'none' = refuse messages. Plain-text prompts are used as they are."""
     builtin_num_prompts: int = 2000
     """Size of the built-in training prompt set."""
     shuffle: bool = True

@@ -77,8 +77,6 @@ class PPOTrainer:
         kernels.set_compiled(cfg.model.compile_kernels, self.device, builders.DTYPES[cfg.model.dtype])
         torch.manual_seed(cfg.seed)
         self.tokenizer = tokenizer if tokenizer is not None else builders.build_tokenizer(cfg.model)
-        if tokenizer is not None:
-            builders.check_tokenizer(tokenizer)
         policy_lm = policy if policy is not None else builders.build_policy(cfg, self.tokenizer)
         self.ref_lm = builders.frozen_copy(policy_lm)
         shared = self.estimator.needs_critic and cfg.model.critic == "shared"
@@ -94,21 +92,27 @@ class PPOTrainer:
             self.critic = builders.build_critic(cfg.model, policy_lm, self.reward_model).to(self.device)
         self.shared_critic = shared
 
-        # Prompts; each rank takes its own shard of every iteration's global batch.
-        max_pos = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
-        if prompt_rows is not None:
-            builders.check_prompt_rows(list(prompt_rows), cfg.data.prompt_column, source="`prompt_rows`")
-        self.prompt_rows = prompt_rows if prompt_rows is not None else pre.prompt_rows
-        if prompt_rows is None:
-            builders.check_prompt_lengths(self.prompt_rows, cfg.data.prompt_column, self.tokenizer,
-                                          max_prompt_tokens=max_pos - cfg.rollout.max_new_tokens)
-
-        stop_ids = [self.tokenizer.eos_token_id]
+        # Stop tokens: EOS, every end-of-turn id of the policy's generation config, and rollout.stop_tokens;
+        # the pad token must be none of them (padding is masked by id).
+        stop_ids = [self.tokenizer.eos_token_id, *builders.generation_stop_ids(policy_lm)]
         for s in cfg.rollout.stop_tokens:
             tid = self.tokenizer.convert_tokens_to_ids(s)
             if tid is None or tid == self.tokenizer.unk_token_id:
                 raise ConfigError(f"`rollout.stop_tokens`: {s!r} is not a single token of the tokenizer")
             stop_ids.append(tid)
+        stop_ids = list(dict.fromkeys(stop_ids))
+        builders.ensure_pad_token(self.tokenizer, stop_ids)
+
+        # Prompts, chat messages rendered with the chat template; each rank takes its own shard of every
+        # iteration's global batch.
+        if prompt_rows is not None:
+            builders.check_prompt_rows(list(prompt_rows), cfg.data.prompt_column, source="`prompt_rows`")
+        self.prompt_rows, self.chat_prompts = builders.render_prompts(
+            list(prompt_rows) if prompt_rows is not None else pre.prompt_rows, cfg.data, self.tokenizer)
+        max_pos = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
+        builders.check_prompt_lengths(self.prompt_rows, cfg.data.prompt_column, self.tokenizer,
+                                      max_prompt_tokens=max_pos - cfg.rollout.max_new_tokens,
+                                      add_special_tokens=not self.chat_prompts)
         self.sampling = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
             top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=tuple(stop_ids),
@@ -169,6 +173,7 @@ class PPOTrainer:
             generator=self.sample_gen, forward_batch_size=cfg.rollout.forward_batch_size,
             missing_eos_penalty=cfg.rollout.missing_eos_penalty, device=self.device, timings=timings,
             logp_from_sampler=cfg.rollout.logp_from_sampler, lanes=self.learner.lanes,
+            add_special_tokens=not self.chat_prompts,
         )
 
     def learn(

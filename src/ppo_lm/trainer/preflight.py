@@ -63,6 +63,10 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     if m.critic_init not in ("auto", "policy", "reward"):
         check_model_dir(m.critic_init, "model.critic_init")
 
+    if cfg.data.chat_template not in ("auto", "none") and not Path(cfg.data.chat_template).is_file():
+        raise ConfigError(f"`data.chat_template` {cfg.data.chat_template!r} is not a file; give a Jinja template "
+                          "file, 'auto' (the tokenizer's template) or 'none'")
+
     verifier = None if verifier_given else builders.build_verifier(m)
     gold = builders.build_gold_verifier(m)
     rows = None if prompt_rows_given else builders.read_prompt_rows(cfg.data, seed=cfg.seed)
