@@ -27,7 +27,7 @@ def build(out_dir: str, critic: str = "separate", fsdp: bool = False, reward: st
         cfg.model.reward = reward
     cfg.threads = 1
     cfg.rollout.stop_tokens = list("0123456789")  # ~12% stop chance per step: varied lengths
-    return PPOTrainer(cfg, verifier=length_reward)
+    return PPOTrainer(cfg, verifier=None if reward else length_reward)  # a given verifier replaces model.reward
 
 
 def save_reward_model(path: str) -> str:

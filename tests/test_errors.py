@@ -176,7 +176,7 @@ def test_reward_spec_errors(tmp_path):
     with pytest.raises(ValueError, match=r"has no function 'score' \(it defines: scorer\)"):
         load_verifier(f"{tmp_path / 'some_reward_abc.py'}:score")
     with pytest.raises(ConfigError, match="model.reward"):
-        builders.build_verifier(tiny_config(tmp_path, model__reward="nocolon").model)
+        builders.load_reward_verifier("nocolon")
 
 
 def test_a_raising_reward_shows_the_users_own_lines(tmp_path):

@@ -88,6 +88,8 @@ def _select(batch, idx: Tensor, trim: bool):
                 v = v[:, : batch.prompt_width + width] if f.name in ("input_ids", "attention_mask") else v[:, :width]
         elif isinstance(v, list):
             v = [v[i] for i in idx.tolist()] if v else v
+        elif isinstance(v, dict):
+            v = {k: s[idx] for k, s in v.items()}
         out[f.name] = v
     return replace(batch, **out)
 
@@ -105,6 +107,8 @@ class RolloutBatch:
     values_old: (B, T) V_old(x_t), or None without a critic.
     bootstrap_values: (B,) V_old(x_{T_i+1}) (used for truncated rows), or None without a critic.
     gold_scores: (B,) monitoring-only verifier scores (``model.gold_reward``), or None.
+    score_terms: with several rewards, each one's (B,) scores by name (``scores`` is their weighted
+        sum); None with one.
     prompts, responses: the texts, for the samples log.
     Episodes are laid out group-contiguous: [p0s0, p0s1, …, p1s0, …].
     """
@@ -120,6 +124,7 @@ class RolloutBatch:
     values_old: Tensor | None = None
     bootstrap_values: Tensor | None = None
     gold_scores: Tensor | None = None
+    score_terms: dict[str, Tensor] | None = None
     prompts: list[str] = field(default_factory=list)
     responses: list[str] = field(default_factory=list)
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..lanes import Lanes
 from ..models.actor_critic import CriticModel, PolicyModel
 from ..models.sharding import frozen_mode, gathered
 from .batch import RolloutBatch, agreed_length_groups
-from .reward import Verifier, score_with_model, score_with_verifier
+from .reward import RewardTerm, Verifier, combine_terms, score_with_model, score_with_verifier
 from .sampling import SamplingParams, generate
 from .text import encode_prompts, response_texts
 
@@ -24,8 +24,7 @@ class RolloutModels:
     ref: PolicyModel
     critic: CriticModel | None = None  # separate-body critic
     shared_critic: bool = False  # values come from the policy's value head
-    reward_model: nn.Module | None = None
-    verifier: Verifier | None = None
+    rewards: tuple[RewardTerm, ...] = ()  # the score is their weighted sum
     gold_verifier: Verifier | None = None  # scored for monitoring only
 
 
@@ -89,7 +88,7 @@ def collect_rollout(
     if sampler_logp:
         logp_old = gen.logprobs
     last_index = P + lengths - 1
-    scores = torch.zeros(B, device=device)
+    term_scores = [torch.zeros(B, device=device) for _ in models.rewards]
 
     def score_rows(rows: Tensor, *, w: int) -> None:
         # Every model on these rows; the outputs are preallocated and rows are disjoint between lanes.
@@ -104,8 +103,9 @@ def collect_rollout(
                 values_all[rows, : w + 1] = models.critic(ids, mask, P)
         with frozen_mode(models.ref):
             logp_ref[rows, :w] = models.ref(ids, mask, P, temperature=temperature)["logp"]
-        if models.reward_model is not None:
-            scores[rows] = score_with_model(models.reward_model, ids, mask, last_index[rows])
+        for term, out in zip(models.rewards, term_scores):
+            if term.model is not None:
+                out[rows] = score_with_model(term.model, ids, mask, last_index[rows])
 
     lanes = lanes or Lanes(1)
     for rows, w in groups:
@@ -115,8 +115,10 @@ def collect_rollout(
     responses_text = response_texts(tokenizer, gen)
     columns = {k: [row[k] for row in prompt_rows for _ in range(samples_per_prompt)]
                for k in prompt_rows[0] if k != prompt_column}
-    if models.reward_model is None:
-        scores = score_with_verifier(models.verifier, prompts, responses_text, columns).to(device)
+    for i, term in enumerate(models.rewards):
+        if term.verifier is not None:
+            term_scores[i] = score_with_verifier(term.verifier, prompts, responses_text, columns).to(device)
+    scores = combine_terms(models.rewards, term_scores)
     gold = None
     if models.gold_verifier is not None:
         gold = score_with_verifier(models.gold_verifier, prompts, responses_text, columns).to(device)
@@ -140,6 +142,8 @@ def collect_rollout(
         values_old=values_old,
         bootstrap_values=bootstrap,
         gold_scores=gold,
+        score_terms={term.name: s.float() for term, s in zip(models.rewards, term_scores)}
+        if len(models.rewards) > 1 else None,
         prompts=prompts,
         responses=responses_text,
     )

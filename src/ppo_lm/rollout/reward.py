@@ -8,6 +8,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,6 +25,34 @@ dataset columns of the same rows (lists)."""
 
 class RewardError(UserError, RuntimeError):
     """The reward function failed or returned something unusable; the message shows the prompt."""
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    """One reward of a run: a verifier or a (one-label sequence-classification) reward model, its name
+    in the metrics (``score/<name>``) and its weight in the score, Σ_i weight_i · score_i."""
+
+    name: str
+    weight: float = 1.0
+    verifier: Verifier | None = None
+    model: nn.Module | None = None
+
+
+def combine_terms(terms: Sequence[RewardTerm], scores: Sequence[Tensor]) -> Tensor:
+    """Σ_i weight_i · scores_i: (B,) fp32. One term of weight 1 passes its scores through unchanged."""
+    if len(terms) == 1 and terms[0].weight == 1.0:
+        return scores[0]
+    return sum(t.weight * s for t, s in zip(terms, scores))
+
+
+def term_name(spec: str) -> str:
+    """A short metric name for a reward spec: the function's name, 'equations' for the built-in
+    verifier, a reward model's directory name."""
+    if spec == "builtin:equations":
+        return "equations"
+    if ":" in Path(spec).name:
+        return spec.rsplit(":", 1)[1]
+    return Path(spec.rstrip("/")).name or spec
 
 
 def load_verifier(spec: str, field: str = "model.reward") -> Verifier:

@@ -11,7 +11,7 @@ from torch import nn
 from ..models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, CriticModel, PolicyModel
 from ..models.hf_compat import disable_dropout, load_tokenizer, scalar_head, trunk
 from ..models.loading import check_tokenizer_dir, load_model
-from ..rollout.reward import load_verifier
+from ..rollout.reward import RewardTerm, load_verifier, term_name
 from ..rollout.text import is_conversation, render_conversation
 from . import console
 from .config import DataConfig, ModelConfig, TrainConfig
@@ -146,15 +146,25 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     return ref
 
 
-def build_reward_model(cfg: ModelConfig) -> nn.Module | None:
-    """A sequence-classification reward model if ``model.reward`` is a path, else None (verifier)."""
-    if not is_model_path(cfg.reward):
-        return None
+def reward_specs(cfg: ModelConfig) -> list[tuple[str, float]]:
+    """``model.reward`` split at commas, each with its weight (``model.reward_weights``, default 1)."""
+    specs = [s.strip() for s in cfg.reward.split(",")]
+    if not all(specs):
+        raise ConfigError(f"`model.reward`={cfg.reward!r} has an empty entry; separate rewards by single commas")
+    weights = list(cfg.reward_weights) or [1.0] * len(specs)
+    if len(weights) != len(specs):
+        raise ConfigError(f"`model.reward_weights` has {len(weights)} weights for {len(specs)} rewards "
+                          f"({', '.join(specs)}); give one per reward, in order")
+    return list(zip(specs, weights))
+
+
+def load_reward_model(path: str, dtype: str) -> nn.Module:
+    """A frozen one-label sequence-classification reward model (e.g. ``ppo-lm rm`` output)."""
     from transformers import AutoModelForSequenceClassification
 
-    with console.loading("the reward model", cfg.reward):
-        rm = load_model(AutoModelForSequenceClassification, cfg.reward, "model.reward", "sequence-classification",
-                        dtype=DTYPES[cfg.dtype])
+    with console.loading("the reward model", path):
+        rm = load_model(AutoModelForSequenceClassification, path, "model.reward", "sequence-classification",
+                        dtype=DTYPES[dtype])
     if rm.config.num_labels != 1:
         raise ConfigError(f"`model.reward`: the reward model must have one label, it has {rm.config.num_labels}")
     rm.requires_grad_(False)
@@ -162,14 +172,42 @@ def build_reward_model(cfg: ModelConfig) -> nn.Module | None:
     return rm
 
 
-def build_verifier(cfg: ModelConfig):
-    if is_model_path(cfg.reward):
-        return None
+def load_reward_verifier(spec: str):
+    """The verifier a reward spec names (ConfigError naming `model.reward` when it cannot be loaded)."""
     try:
-        return load_verifier(cfg.reward)
+        return load_verifier(spec)
     except ValueError as e:
-        hint = "" if ":" in cfg.reward else ", or a reward-model checkpoint directory (none found there)"
+        hint = "" if ":" in spec else ", or a reward-model checkpoint directory (none found there)"
         raise ConfigError(f"{e}{hint}") from None
+
+
+def given_reward_terms(verifier, cfg: ModelConfig) -> list[RewardTerm]:
+    """Terms for verifiers passed from Python: one callable, or a list of them (weighted by
+    ``model.reward_weights``), named after their functions."""
+    fns = list(verifier) if isinstance(verifier, (list, tuple)) else [verifier]
+    weights = list(cfg.reward_weights) or [1.0] * len(fns)
+    if len(weights) != len(fns):
+        raise ConfigError(f"`model.reward_weights` has {len(weights)} weights for {len(fns)} verifiers")
+    names = _unique([getattr(f, "__name__", "") or "reward" for f in fns])
+    return [RewardTerm(n, w, verifier=f) for n, f, w in zip(names, fns, weights)]
+
+
+def _unique(names: list[str]) -> list[str]:
+    """Metric names: a name used more than once gets its position appended (``length_2``)."""
+    return [n if names.count(n) == 1 else f"{n}_{i + 1}" for i, n in enumerate(names)]
+
+
+def reward_terms(cfg: ModelConfig, verifiers: dict[str, object], dtype: str) -> list[RewardTerm]:
+    """Every reward of ``model.reward`` as a :class:`RewardTerm`: verifiers from ``verifiers`` (loaded
+    by the start-up checks), reward models loaded here."""
+    specs = reward_specs(cfg)
+    terms = []
+    for name, (spec, weight) in zip(_unique([term_name(s) for s, _ in specs]), specs):
+        if is_model_path(spec):
+            terms.append(RewardTerm(name, weight, model=load_reward_model(spec, dtype)))
+        else:
+            terms.append(RewardTerm(name, weight, verifier=verifiers[spec]))
+    return terms
 
 
 def build_gold_verifier(cfg: ModelConfig):

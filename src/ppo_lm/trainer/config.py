@@ -19,9 +19,12 @@ class ModelConfig:
     pad_token: str | None = None
     """Set the tokenizer's pad token to this existing token when it has none (or pad == eos)."""
     reward: str = "builtin:equations"
-    """'builtin:equations' (the equation verifier), 'module:function' (a Python verifier
-    ``f(prompts, responses, **columns) -> scores``), or a path to a one-label
-    AutoModelForSequenceClassification (e.g. the output of ``ppo-lm rm``)."""
+    """The reward: 'builtin:equations' (the equation verifier), 'module:function' or
+    'path/to/file.py:function' (a Python verifier ``f(prompts, responses, **columns) -> scores``), or a
+    path to a one-label AutoModelForSequenceClassification (e.g. the output of ``ppo-lm rm``). Several,
+    separated by commas: the score is their weighted sum, and each is logged as score/<name>."""
+    reward_weights: list[float] = field(default_factory=list)
+    """One weight per reward of `model.reward`, in order; empty = 1 for each."""
     gold_reward: str | None = None
     """Optional verifier ('module:function' or 'builtin:equations') scored next to the training reward
     and logged as `gold_score`: with a learned reward model it shows over-optimisation."""

@@ -62,10 +62,10 @@ def banner(trainer) -> str:
         lines.append(f"  critic    {type(trainer.critic.model).__name__}: {parameters(trainer.critic)}")
     elif trainer.shared_critic:
         lines.append("  critic    a value head on the policy's body")
-    if trainer.reward_model is not None:
-        lines.append(f"  reward    model from {cfg.model.reward}: {parameters(trainer.reward_model)}")
-    else:
-        lines.append(f"  reward    {cfg.model.reward if trainer.verifier is not None else 'a Python verifier'}")
+    for term in trainer.rewards:
+        weight = f" × {term.weight:g}" if len(trainer.rewards) > 1 else ""
+        what = f"model: {parameters(term.model)}" if term.model is not None else "verifier"
+        lines.append(f"  reward    {term.name}{weight} ({what})")
     kl = f"KL {a.kl_estimator} in the {a.kl_in}, β {a.kl_coef:g}" if a.kl_coef else "no KL"
     lines.append(f"  estimator {a.estimator} · {kl} · {r.num_prompts} prompts × {r.samples_per_prompt} "
                  f"sample{'s' if r.samples_per_prompt > 1 else ''} × ≤{r.max_new_tokens} tokens per iteration · {o.epochs} epochs × "

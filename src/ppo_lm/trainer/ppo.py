@@ -82,10 +82,13 @@ class PPOTrainer:
         shared = self.estimator.needs_critic and cfg.model.critic == "shared"
         self.policy = builders.build_policy_module(cfg, policy_lm, with_value_head=shared).to(self.device)
         self.ref = builders.build_policy_module(cfg, self.ref_lm, with_value_head=False).to(self.device)
-        self.reward_model = builders.build_reward_model(cfg.model)
-        if self.reward_model is not None:
-            self.reward_model.to(self.device)
-        self.verifier = verifier if verifier is not None else pre.verifier
+        terms = (builders.given_reward_terms(verifier, cfg.model) if verifier is not None
+                 else builders.reward_terms(cfg.model, pre.verifiers, cfg.model.dtype))
+        for term in terms:
+            if term.model is not None:
+                term.model.to(self.device)
+        # the first reward model, if any: a separate critic may start from it (model.critic_init)
+        self.reward_model = next((term.model for term in terms if term.model is not None), None)
         self.gold_verifier = pre.gold_verifier
         self.critic = None
         if self.estimator.needs_critic and not shared:
@@ -125,12 +128,15 @@ class PPOTrainer:
             if a.adaptive_kl_target is not None else FixedKLController(a.kl_coef)
         )
         self.learner = build_learner(cfg, self.policy, self.critic, self.device)
-        if self.reward_model is not None:
-            self.reward_model = RewardScorer(self.reward_model)
+        terms = [dataclasses.replace(term, model=RewardScorer(term.model)) if term.model is not None else term
+                 for term in terms]
         if cfg.model.fsdp and dist.is_initialized():  # the frozen models too: each rank holds 1/world of them
             sharding.shard(self.ref, self.ref.lm, bf16=cfg.model.fsdp_bf16)
-            if self.reward_model is not None:
-                sharding.shard(self.reward_model, self.reward_model.model, bf16=cfg.model.fsdp_bf16)
+            for term in terms:
+                if term.model is not None:
+                    sharding.shard(term.model, term.model.model, bf16=cfg.model.fsdp_bf16)
+        self.rewards = tuple(terms)
+        self.reward_model = next((term.model for term in terms if term.model is not None), None)
         self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + self.rank + 1)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank + 500)
         self.state = TrainState()
@@ -166,8 +172,7 @@ class PPOTrainer:
         # 1. Rollout: sample with π_old, then score with π_old, π_ref, V_old and the reward.
         cfg = self.cfg
         return collect_rollout(
-            RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.reward_model, self.verifier,
-                          self.gold_verifier),
+            RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.rewards, self.gold_verifier),
             self.tokenizer, self.prompts_for(iteration), prompt_column=cfg.data.prompt_column,
             sampling=self.sampling, samples_per_prompt=cfg.rollout.samples_per_prompt,
             generator=self.sample_gen, forward_batch_size=cfg.rollout.forward_batch_size,
@@ -299,6 +304,8 @@ class PPOTrainer:
             m["equal_score_groups_frac"] = n_equal / (n / k)
         if score_max == -neg_score_min:
             self._warn_no_signal(score_max)
+        for name, s in (batch.score_terms or {}).items():
+            m[f"score/{name}"] = float(dist.all_reduce_sum(s.sum().double().cpu())) / n
         if batch.gold_scores is not None:
             m["gold_score"] = float(dist.all_reduce_sum(batch.gold_scores.sum().double().cpu())) / n
         if batch.values_old is not None and returns is not None:

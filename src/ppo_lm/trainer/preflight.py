@@ -29,8 +29,8 @@ class Preflight:
 
     resuming: bool
     """The run continues from a checkpoint (``--resume``, or ``--auto-resume`` with one there)."""
-    verifier: object | None
-    """The imported verifier; None when ``model.reward`` is a reward-model directory or one was given."""
+    verifiers: dict[str, object]
+    """The imported verifiers of ``model.reward`` by spec (empty when verifiers were given from Python)."""
     gold_verifier: object | None
     prompt_rows: list[dict] | None
     """The prompt rows read from ``data`` (their token lengths are checked once the tokenizer is
@@ -58,8 +58,10 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     tokenizer_dir = m.tokenizer or m.policy
     if not tokenizer_given and tokenizer_dir != "builtin":
         check_tokenizer_dir(tokenizer_dir, "model.tokenizer" if m.tokenizer else "model.policy")
-    if builders.is_model_path(m.reward):
-        check_model_dir(m.reward, "model.reward", "sequence-classification")
+    specs = [] if verifier_given else builders.reward_specs(m)  # given verifiers replace model.reward
+    for spec, _ in specs:
+        if builders.is_model_path(spec):
+            _check_one_label(check_model_dir(spec, "model.reward", "sequence-classification"), spec)
     if m.critic_init not in ("auto", "policy", "reward"):
         check_model_dir(m.critic_init, "model.critic_init")
 
@@ -67,10 +69,17 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
         raise ConfigError(f"`data.chat_template` {cfg.data.chat_template!r} is not a file; give a Jinja template "
                           "file, 'auto' (the tokenizer's template) or 'none'")
 
-    verifier = None if verifier_given else builders.build_verifier(m)
+    verifiers = {spec: builders.load_reward_verifier(spec) for spec, _ in specs if not builders.is_model_path(spec)}
     gold = builders.build_gold_verifier(m)
     rows = None if prompt_rows_given else builders.read_prompt_rows(cfg.data, seed=cfg.seed)
-    return Preflight(resuming, verifier, gold, rows)
+    return Preflight(resuming, verifiers, gold, rows)
+
+
+def _check_one_label(config: dict, spec: str) -> None:
+    labels = len(config.get("id2label") or {}) or config.get("num_labels", 2)
+    if labels != 1:
+        raise ConfigError(f"`model.reward` {spec!r} has {labels} labels; a reward model has one (`ppo-lm rm` "
+                          "writes such models)")
 
 
 def _check_context(config: dict, cfg: TrainConfig) -> None:
