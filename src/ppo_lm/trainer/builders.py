@@ -305,26 +305,29 @@ def check_prompt_rows(rows: list[dict], prompt_column: str, source: str = "`data
                           "chat messages); use one kind")
 
 
-def read_prompt_rows(cfg: DataConfig, *, seed: int) -> list[dict]:
-    """The training prompts of ``cfg``, read and checked by their columns (no tokenizer needed)."""
-    if cfg.prompts == "builtin:equations":
+def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False) -> list[dict]:
+    """The training prompts of ``cfg`` (``held_out``: its evaluation prompts), read and checked by their
+    columns (no tokenizer needed)."""
+    source, field = (cfg.eval_prompts, "data.eval_prompts") if held_out else (cfg.prompts, "data.prompts")
+    if source == "builtin:equations":
         from ..tasks.equations import make_prompts
 
         if cfg.builtin_num_prompts < 1:
             raise ConfigError(f"`data.builtin_num_prompts` must be >= 1, got {cfg.builtin_num_prompts}")
         if cfg.prompt_column != "prompt":
             raise ConfigError(f"`data.prompt_column`={cfg.prompt_column!r}: the built-in prompts' column is "
-                              "'prompt' (set `data.prompts` to your file to use another column)")
-        rows = make_prompts(cfg.builtin_num_prompts, seed=seed, split="train")
+                              f"'prompt' (set `{field}` to your file to use another column)")
+        rows = (make_prompts(cfg.builtin_eval_prompts, seed=seed + 10_000, split="heldout", unique=True) if held_out
+                else make_prompts(cfg.builtin_num_prompts, seed=seed, split="train"))
     else:
         from ..stages.data import load_rows
 
         try:
             # columns checked below: the prompt column may hold chat messages as well as text
-            rows = load_rows(cfg.prompts, [], name="prompt data (`data.prompts`)")
+            rows = load_rows(source, [], name=f"prompt data (`{field}`)")
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    check_prompt_rows(rows, cfg.prompt_column)
+    check_prompt_rows(rows, cfg.prompt_column, source=f"`{field}`")
     return rows
 
 

@@ -80,6 +80,12 @@ class DataConfig:
     Jinja template file used instead; 'none' = refuse messages. Plain-text prompts are used as they are."""
     builtin_num_prompts: int = 2000
     """Size of the built-in training prompt set."""
+    eval_prompts: str | None = None
+    """Held-out prompts evaluated during training (see `log.eval_every`): 'builtin:equations' (the
+    built-in task's held-out split) or a file like `data.prompts`, with the same columns; None = no
+    evaluation."""
+    builtin_eval_prompts: int = 200
+    """Size of the built-in held-out prompt set (distinct prompts)."""
     shuffle: bool = True
     """Visit the prompts in a fresh permutation on each pass over the data (seeded by `seed` and the pass,
     so a resumed run sees the same prompts); False = dataset order."""
@@ -232,6 +238,15 @@ class LogConfig:
     """Rows each sample_every writes: the first ones of the main process's share of the rollout."""
     tensorboard: bool = True
     """Also write the metrics to OUTPUT_DIR/tensorboard (skipped when TensorBoard is not installed)."""
+    eval_every: int = 0
+    """With `data.eval_prompts`: evaluate the policy before training, every this many iterations and
+    after the last; 0 = before and after only. Logged as eval_score (mean score of the verifier: the
+    `model.gold_reward` if set, else `model.reward`) and, with eval_samples > 1, eval_pass_at_k."""
+    eval_samples: int = 1
+    """Responses per held-out prompt: 1 = greedy; k > 1 = k sampled at the rollout's temperature,
+    top_k and top_p (eval_score is their mean, eval_pass_at_k the share of prompts with one passing)."""
+    eval_pass_score: float = 1.0
+    """A sampled response passes (for eval_pass_at_k) when its score is at least this."""
     progress: bool = True
     """Show the run's progress: on a terminal, a bar with score, ref_kl and value loss redrawn once per
     iteration; otherwise (a batch job's log file) a plain line every print_every iterations."""

@@ -46,12 +46,13 @@ def _tensorboard_missing_notice() -> None:
 
 
 def headline(metrics: dict[str, float]) -> str:
-    """The few numbers a person watches: score (± its spread), KL to the reference, the losses."""
-    parts = [f"score {metrics.get('score', math.nan):.3f}"]
-    if "score_std" in metrics:
-        parts[0] += f" ±{metrics['score_std']:.3f}"
-    parts.append(f"ref_kl {metrics.get('ref_kl', math.nan):.3f}")
-    for key, short in (("policy_loss", "pg"), ("value_loss", "vf"), ("eval_accuracy", "eval")):
+    """The few numbers a person watches: score (± its spread), KL to the reference, the losses, the
+    held-out score; those an iteration lacks are left out."""
+    parts = []
+    if "score" in metrics:
+        parts.append(f"score {metrics['score']:.3f}" + (f" ±{metrics['score_std']:.3f}" if "score_std" in metrics else ""))
+    for key, short in (("ref_kl", "ref_kl"), ("policy_loss", "pg"), ("value_loss", "vf"), ("eval_score", "eval"),
+                       ("eval_pass_at_k", "pass@k")):
         if key in metrics:
             parts.append(f"{short} {metrics[key]:.3f}")
     return "  ".join(parts)

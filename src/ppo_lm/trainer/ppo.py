@@ -23,21 +23,22 @@ from ..algorithms import (
     assume_valid_masks,
     check_response_mask,
     compute_advantages,
-    explained_variance,
     get_advantage_estimator,
-    kl_penalty,
     shape_rewards,
     whiten,
 )
 from ..errors import UserError
+from ..evaluate import evaluate
 from ..models import kernels, sharding
 from ..models.actor_critic import RewardScorer
 from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
+from ..rollout.reward import combine_terms, score_with_verifier
 from ..rollout.sampling import SamplingParams
 from . import builders, console
 from .config import TrainConfig
 from .config_io import ConfigError, dump_yaml
+from .diagnostics import rollout_metrics
 from .learner import build_learner
 from .metrics_log import MetricsLogger, truncate_jsonl
 from .preflight import preflight
@@ -116,6 +117,15 @@ class PPOTrainer:
         builders.check_prompt_lengths(self.prompt_rows, cfg.data.prompt_column, self.tokenizer,
                                       max_prompt_tokens=max_pos - cfg.rollout.max_new_tokens,
                                       add_special_tokens=not self.chat_prompts)
+        self.eval_rows = None
+        if pre.eval_rows is not None:
+            self.eval_rows, chat = builders.render_prompts(pre.eval_rows, cfg.data, self.tokenizer)
+            if chat != self.chat_prompts:
+                raise ConfigError("`data.eval_prompts` and `data.prompts` hold different kinds of prompts (plain text "
+                                  "and chat messages); use one kind")
+            builders.check_prompt_lengths(self.eval_rows, cfg.data.prompt_column, self.tokenizer,
+                                          max_prompt_tokens=max_pos - cfg.rollout.max_new_tokens,
+                                          add_special_tokens=not self.chat_prompts)
         self.sampling = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
             top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=tuple(stop_ids),
@@ -237,7 +247,10 @@ class PPOTrainer:
             )
 
         # 5. Diagnostics over the global batch, then the KL controller sees this batch's KL.
-        metrics = self._rollout_metrics(batch, rewards, advantages, returns, beta)
+        metrics = rollout_metrics(batch, rewards, advantages, returns, beta=beta, kl_estimator=a.kl_estimator,
+                                  samples_per_prompt=cfg.rollout.samples_per_prompt)
+        if metrics["score_min"] == metrics["score_max"]:
+            self._warn_no_signal(metrics["score_max"])
         metrics.update(upd.stats.as_dict())
         metrics["lr_actor"] = upd.lr_actor
         if upd.lr_critic is not None:
@@ -255,6 +268,36 @@ class PPOTrainer:
         self._last_batch = batch
         return metrics
 
+    def evaluate(self, iteration: int) -> dict[str, float]:
+        """Held-out evaluation (``data.eval_prompts``): greedy, or ``log.eval_samples`` samples per prompt
+        for pass@k, scored by the gold verifier if there is one, else by the reward's verifiers. Each rank
+        takes a share of the prompts; the sampling generator is a fixed function of the seed and the
+        iteration, so evaluating never moves the training's random streams."""
+        cfg, k = self.cfg, self.cfg.log.eval_samples
+        t0 = time.perf_counter()
+        params = dataclasses.replace(self.sampling, temperature=0.0) if k == 1 else self.sampling
+        gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + 700 + iteration * 1009 + self.rank)
+        rows = self.eval_rows[self.rank :: self.world]
+        out = {"eval_score": 0.0, "eval_pass_at_k": 0.0}
+        if rows:
+            with sharding.gathered(self.policy):
+                out = evaluate(self.policy.lm, self.tokenizer, rows, self._eval_scores, params, samples=k,
+                               pass_score=cfg.log.eval_pass_score, prompt_column=cfg.data.prompt_column,
+                               generator=gen, add_special_tokens=not self.chat_prompts)
+        totals = torch.tensor([out["eval_score"] * len(rows), out.get("eval_pass_at_k", 0.0) * len(rows),
+                               float(len(rows))], dtype=torch.double)
+        s_score, s_pass, n = dist.all_reduce_sum(totals).tolist()
+        metrics = {"eval_score": s_score / n, "eval_s": time.perf_counter() - t0}
+        if k > 1:
+            metrics["eval_pass_at_k"] = s_pass / n
+        return metrics
+
+    def _eval_scores(self, prompts: list[str], responses: list[str], columns: dict[str, list]) -> Tensor:
+        if self.gold_verifier is not None:
+            return score_with_verifier(self.gold_verifier, prompts, responses, columns)
+        return combine_terms(self.rewards, [score_with_verifier(t.verifier, prompts, responses, columns)
+                                            for t in self.rewards])
+
     def _warn_no_signal(self, score: float) -> None:
         """Once per run: every response of an iteration scored the same, so the advantages carry no
         information about which response was better — typical of an untrained policy on a hard task."""
@@ -265,57 +308,6 @@ class PPOTrainer:
             f"every response of this iteration scored {score:g}: the scores carry no learning signal. Start "
             "from a policy that sometimes succeeds (e.g. after `ppo-lm sft`), sample more per prompt "
             "(`rollout.samples_per_prompt`), or use a reward with partial credit", stacklevel=3)
-
-    def _rollout_metrics(self, batch: RolloutBatch, rewards: Tensor, advantages: Tensor, returns: Tensor | None,
-                         beta: float) -> dict[str, float]:
-        a, mask = self.cfg.algo, batch.response_mask
-        mf = mask.float()
-        lengths = mf.sum(1)
-        kl = kl_penalty(batch.logp_old, batch.logp_ref, a.kl_estimator).where(mask, 0).sum(1)
-        scores = batch.scores.double().cpu()
-        k = self.cfg.rollout.samples_per_prompt
-        groups = scores.view(-1, k)
-        equal_groups = (groups == groups[:, :1]).all(1).double().sum() if k > 1 else torch.zeros((), dtype=torch.double)
-        sums = torch.stack([
-            torch.tensor(float(batch.size)), batch.scores.sum().cpu(), rewards.sum().cpu(), kl.sum().cpu(),
-            lengths.sum().cpu(), (~batch.terminated).float().sum().cpu(), mf.sum().cpu(),
-            advantages.where(mask, 0).sum().cpu(), advantages.where(mask, 0).square().sum().cpu(),
-            scores.square().sum(), equal_groups,
-        ]).double()
-        (n, s_score, s_rew, s_kl, s_len, s_trunc, n_tok, s_adv, s_adv2, s_score2,
-         n_equal) = dist.all_reduce_sum(sums).tolist()
-        score_max, neg_score_min = dist.all_reduce_max(torch.stack([scores.max(), -scores.min()])).tolist()
-        adv_mean, score_mean = s_adv / n_tok, s_score / n
-        m = {
-            "score": score_mean,
-            "score_std": max(s_score2 / n - score_mean**2, 0.0) ** 0.5,
-            "score_min": -neg_score_min,
-            "score_max": score_max,
-            "shaped_reward": s_rew / n,
-            "ref_kl": s_kl / n,
-            "kl_coef": beta,
-            "response_length_mean": s_len / n,
-            "response_length_max": float(dist.all_reduce_max(lengths.max().cpu())),
-            "truncated_frac": s_trunc / n,
-            "advantage_mean": adv_mean,
-            "advantage_std": max(s_adv2 / n_tok - adv_mean**2, 0.0) ** 0.5,
-        }
-        if k > 1:
-            m["equal_score_groups_frac"] = n_equal / (n / k)
-        if score_max == -neg_score_min:
-            self._warn_no_signal(score_max)
-        for name, s in (batch.score_terms or {}).items():
-            m[f"score/{name}"] = float(dist.all_reduce_sum(s.sum().double().cpu())) / n
-        if batch.gold_scores is not None:
-            m["gold_score"] = float(dist.all_reduce_sum(batch.gold_scores.sum().double().cpu())) / n
-        if batch.values_old is not None and returns is not None:
-            ev = explained_variance(batch.values_old, returns, mask, all_reduce=dist.all_reduce_sum)
-            m["explained_variance"] = float(ev)
-            s_v, s_ret = dist.all_reduce_sum(torch.stack([batch.values_old.where(mask, 0).sum(),
-                                                          returns.where(mask, 0).sum()]).double().cpu()).tolist()
-            m["value_mean"] = s_v / n_tok
-            m["return_mean"] = s_ret / n_tok
-        return m
 
     # ------------------------------------------------------------------------------------------
     def train(
@@ -351,11 +343,18 @@ class PPOTrainer:
         logger = MetricsLogger(self.output_dir, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
                                total=cfg.iterations, print_every=cfg.log.print_every) if dist.is_main() else None
         history = []
+        every = cfg.log.eval_every
         try:
             if logger:
                 logger.start(start)
+            if self.eval_rows is not None and start == 0:  # the policy before training, as iteration 0
+                before = self.evaluate(0)
+                if logger:
+                    logger.log(0, before)
             for it in range(start + 1, cfg.iterations + 1):
                 metrics = self.train_iteration(it)
+                if self.eval_rows is not None and ((every and it % every == 0) or it == cfg.iterations):
+                    metrics.update(self.evaluate(it))
                 if eval_fn is not None and (it % eval_every == 0 or it == cfg.iterations):
                     metrics.update(eval_fn(it, self))
                 history.append(metrics)

@@ -35,6 +35,8 @@ class Preflight:
     prompt_rows: list[dict] | None
     """The prompt rows read from ``data`` (their token lengths are checked once the tokenizer is
     loaded); None when rows were given from Python."""
+    eval_rows: list[dict] | None
+    """The held-out prompts of ``data.eval_prompts``; None without."""
 
 
 def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: bool = False,
@@ -72,7 +74,13 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     verifiers = {spec: builders.load_reward_verifier(spec) for spec, _ in specs if not builders.is_model_path(spec)}
     gold = builders.build_gold_verifier(m)
     rows = None if prompt_rows_given else builders.read_prompt_rows(cfg.data, seed=cfg.seed)
-    return Preflight(resuming, verifiers, gold, rows)
+    eval_rows = None
+    if cfg.data.eval_prompts is not None:
+        if m.gold_reward is None and any(builders.is_model_path(spec) for spec, _ in specs):
+            raise ConfigError("`data.eval_prompts`: evaluation scores with a verifier, but `model.reward` includes a "
+                              "reward model; set `model.gold_reward` to the verifier to evaluate with")
+        eval_rows = builders.read_prompt_rows(cfg.data, seed=cfg.seed, held_out=True)
+    return Preflight(resuming, verifiers, gold, rows, eval_rows)
 
 
 def _check_one_label(config: dict, spec: str) -> None:

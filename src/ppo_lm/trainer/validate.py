@@ -87,9 +87,13 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
         raise ConfigError(f"`optim.max_nonfinite_in_row` must be >= 1, got {o.max_nonfinite_in_row}")
     if not 0 <= cfg.model.value_grad_scale <= 1:
         raise ConfigError(f"`model.value_grad_scale` must lie in [0, 1], got {cfg.model.value_grad_scale}")
+    if log.eval_samples < 1:
+        raise ConfigError(f"`log.eval_samples` must be >= 1, got {log.eval_samples}")
+    if cfg.data.builtin_eval_prompts < 1:
+        raise ConfigError(f"`data.builtin_eval_prompts` must be >= 1, got {cfg.data.builtin_eval_prompts}")
     if log.keep_last < 1:
         raise ConfigError(f"`log.keep_last` must be >= 1, got {log.keep_last}")
-    for name, v in [("threads", cfg.threads), ("log.save_every", log.save_every), ("log.print_every", log.print_every),
+    for name, v in [("threads", cfg.threads), ("log.save_every", log.save_every), ("log.print_every", log.print_every), ("log.eval_every", log.eval_every),
                     ("optim.warmup_steps", o.warmup_steps), ("optim.critic_warmup_iterations", o.critic_warmup_iterations)]:
         if v < 0:
             raise ConfigError(f"`{name}` must be >= 0, got {v}")

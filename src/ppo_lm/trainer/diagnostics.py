@@ -1,0 +1,63 @@
+"""Step 5's diagnostics of a rollout (docs/algorithm.md §4), as one function of its tensors."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import distributed as dist
+from ..algorithms import explained_variance, kl_penalty
+from ..rollout.batch import RolloutBatch
+
+
+def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, returns: Tensor | None, *,
+                    beta: float, kl_estimator: str, samples_per_prompt: int) -> dict[str, float]:
+    """The rollout's diagnostics of docs/algorithm.md §4, global over ranks: scores (mean, spread, groups
+    without signal, each reward term), KL, lengths, truncation, advantages, and the critic's fit.
+    ``rewards`` (B, T) shaped; ``advantages``, ``returns`` (B, T) from steps 2–3."""
+    mask = batch.response_mask
+    mf = mask.float()
+    lengths = mf.sum(1)
+    kl = kl_penalty(batch.logp_old, batch.logp_ref, kl_estimator).where(mask, 0).sum(1)
+    scores = batch.scores.double().cpu()
+    k = samples_per_prompt
+    groups = scores.view(-1, k)
+    equal_groups = (groups == groups[:, :1]).all(1).double().sum() if k > 1 else torch.zeros((), dtype=torch.double)
+    sums = torch.stack([
+        torch.tensor(float(batch.size)), batch.scores.sum().cpu(), rewards.sum().cpu(), kl.sum().cpu(),
+        lengths.sum().cpu(), (~batch.terminated).float().sum().cpu(), mf.sum().cpu(),
+        advantages.where(mask, 0).sum().cpu(), advantages.where(mask, 0).square().sum().cpu(),
+        scores.square().sum(), equal_groups,
+    ]).double()
+    (n, s_score, s_rew, s_kl, s_len, s_trunc, n_tok, s_adv, s_adv2, s_score2,
+     n_equal) = dist.all_reduce_sum(sums).tolist()
+    score_max, neg_score_min = dist.all_reduce_max(torch.stack([scores.max(), -scores.min()])).tolist()
+    adv_mean, score_mean = s_adv / n_tok, s_score / n
+    m = {
+        "score": score_mean,
+        "score_std": max(s_score2 / n - score_mean**2, 0.0) ** 0.5,
+        "score_min": -neg_score_min,
+        "score_max": score_max,
+        "shaped_reward": s_rew / n,
+        "ref_kl": s_kl / n,
+        "kl_coef": beta,
+        "response_length_mean": s_len / n,
+        "response_length_max": float(dist.all_reduce_max(lengths.max().cpu())),
+        "truncated_frac": s_trunc / n,
+        "advantage_mean": adv_mean,
+        "advantage_std": max(s_adv2 / n_tok - adv_mean**2, 0.0) ** 0.5,
+    }
+    if k > 1:
+        m["equal_score_groups_frac"] = n_equal / (n / k)
+    for name, s in (batch.score_terms or {}).items():
+        m[f"score/{name}"] = float(dist.all_reduce_sum(s.sum().double().cpu())) / n
+    if batch.gold_scores is not None:
+        m["gold_score"] = float(dist.all_reduce_sum(batch.gold_scores.sum().double().cpu())) / n
+    if batch.values_old is not None and returns is not None:
+        ev = explained_variance(batch.values_old, returns, mask, all_reduce=dist.all_reduce_sum)
+        m["explained_variance"] = float(ev)
+        s_v, s_ret = dist.all_reduce_sum(torch.stack([batch.values_old.where(mask, 0).sum(),
+                                                      returns.where(mask, 0).sum()]).double().cpu()).tolist()
+        m["value_mean"] = s_v / n_tok
+        m["return_mean"] = s_ret / n_tok
+    return m
