@@ -236,8 +236,15 @@ class LogConfig:
     samples.jsonl; 0 = never."""
     num_samples: int = 4
     """Rows each sample_every writes: the first ones of the main process's share of the rollout."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Experiment trackers that mirror metrics.jsonl (which stays the record): any of 'tensorboard'
+    (OUTPUT_DIR/tensorboard; skipped with a notice when not installed), 'wandb', 'mlflow', 'trackio'
+    (each configured by its own environment variables, e.g. WANDB_MODE=offline, MLFLOW_TRACKING_URI);
+    [] = none."""
+    run_name: str | None = None
+    """The run's name in the trackers; None = the output directory's name."""
     tensorboard: bool = True
-    """Also write the metrics to OUTPUT_DIR/tensorboard (skipped when TensorBoard is not installed)."""
+    """False = leave 'tensorboard' out of report_to (the older switch, kept for existing configs)."""
     eval_every: int = 0
     """With `data.eval_prompts`: evaluate the policy before training, every this many iterations and
     after the last; 0 = before and after only. Logged as eval_score (mean score of the verifier: the

@@ -10,6 +10,8 @@ from ..algorithms import check_positive, check_unit_interval, get_advantage_esti
 from .config import AlgoConfig, TrainConfig
 from .config_io import ConfigError, check_types
 
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
+
 _unit = partial(check_unit_interval, error=ConfigError)
 _pos = partial(check_positive, error=ConfigError)
 
@@ -87,6 +89,9 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
         raise ConfigError(f"`optim.max_nonfinite_in_row` must be >= 1, got {o.max_nonfinite_in_row}")
     if not 0 <= cfg.model.value_grad_scale <= 1:
         raise ConfigError(f"`model.value_grad_scale` must lie in [0, 1], got {cfg.model.value_grad_scale}")
+    unknown = [x for x in log.report_to if x not in TRACKERS]
+    if unknown:
+        raise ConfigError(f"`log.report_to`: unknown tracker(s) {unknown}; choose from {', '.join(TRACKERS)}")
     if log.eval_samples < 1:
         raise ConfigError(f"`log.eval_samples` must be >= 1, got {log.eval_samples}")
     if cfg.data.builtin_eval_prompts < 1:
