@@ -106,8 +106,21 @@ def checkpointing_on(*models: nn.Module | None):
             setattr(config, k, v)
 
 
+def gguf_file(path: str | Path) -> Path | None:
+    """The GGUF file ``path`` names: the file itself, or the one ``.gguf`` of a directory without a
+    ``config.json`` (a llama.cpp-style download); None for anything else."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".gguf":
+        return p
+    if p.is_dir() and not (p / "config.json").is_file():
+        found = sorted(p.glob("*.gguf"))
+        if len(found) == 1:
+            return found[0]
+    return None
+
+
 def load_tokenizer(path: str | Path):
-    """Load a tokenizer directory offline.
+    """Load a tokenizer directory (or the tokenizer inside a GGUF file, see :func:`gguf_file`) offline.
 
     A plain ``tokenizers``-backed tokenizer (like the built-in character tokenizer) is loaded as
     ``PreTrainedTokenizerFast``: transformers 5's ``AutoTokenizer`` would otherwise pick the model
@@ -116,6 +129,9 @@ def load_tokenizer(path: str | Path):
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    gguf = gguf_file(path)
+    if gguf is not None:  # the tokenizer stored in the GGUF file's metadata
+        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     cfg_file = Path(path) / "tokenizer_config.json"
     declared = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None
     if declared in ("TokenizersBackend", "PreTrainedTokenizerFast"):

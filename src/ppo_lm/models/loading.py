@@ -16,6 +16,7 @@ from typing import Literal
 from torch import nn
 
 from ..errors import UserError
+from .hf_compat import gguf_file
 
 Kind = Literal["causal-lm", "sequence-classification", "token-classification", "any"]
 
@@ -55,11 +56,19 @@ def check_model_dir(path: str | Path, field: str, kind: Kind = "any") -> dict:
     """
     p = Path(path)
     where = f"`{field}` {str(path)!r}"
+    if not p.exists() and is_hub_id(str(path)):
+        return _hub_config(str(path), where)
     if not p.exists():
-        raise ModelLoadError(f"{where} does not exist (models load offline, from a directory written by "
-                             "save_pretrained or by ppo-lm); check the path")
+        raise ModelLoadError(f"{where} does not exist (models load from a directory written by save_pretrained "
+                             "or by ppo-lm, a .gguf file, or a Hugging Face Hub id such as org/name); check the path")
+    if gguf_file(p) is not None:
+        if kind not in ("causal-lm", "any"):
+            raise ModelLoadError(f"{where} is a GGUF file, which holds a causal language model, not {_KIND_WORDS[kind]}")
+        _require_gguf(where)
+        return {}
     if not p.is_dir():
-        raise ModelLoadError(f"{where} is a file; give the model's directory (the one holding config.json)")
+        raise ModelLoadError(f"{where} is a file; give the model's directory (the one holding config.json) or a "
+                             ".gguf file")
     if not any(p.iterdir()):
         raise ModelLoadError(f"{where} is an empty directory; give a directory written by save_pretrained or by ppo-lm")
     cfg_file = p / "config.json"
@@ -89,9 +98,11 @@ def check_model_dir(path: str | Path, field: str, kind: Kind = "any") -> dict:
 
 
 def check_tokenizer_dir(path: str | Path, field: str) -> None:
-    """Check that ``path`` holds a tokenizer (by its file names) before anything loads."""
+    """Check that ``path`` holds a tokenizer (by its file names, or a GGUF file's) before anything loads."""
     p = Path(path)
     where = f"`{field}` {str(path)!r}"
+    if gguf_file(p) is not None or (not p.exists() and is_hub_id(str(path))):
+        return
     if not p.exists():
         raise ModelLoadError(f"{where} does not exist (tokenizers load offline, from a local directory); check the path")
     if not p.is_dir():
@@ -125,8 +136,11 @@ def load_model(auto_cls, path: str | Path, field: str, kind: Kind, *, require_he
     """
     check_model_dir(path, field, kind)
     where = f"`{field}` {str(path)!r}"
+    gguf = gguf_file(path)
     try:
         with _quiet_transformers():
+            if gguf is not None:
+                return _load_gguf(auto_cls, gguf, **kwargs)
             model, info = auto_cls.from_pretrained(str(path), output_loading_info=True, **kwargs)
     except Exception as e:  # noqa: BLE001 (whatever a damaged file makes transformers or safetensors raise)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -151,3 +165,41 @@ def load_model(auto_cls, path: str | Path, field: str, kind: Kind, *, require_he
         raise ModelLoadError(f"{where} lacks weights {', '.join(missing_body[:3])}{more}: the checkpoint is "
                              "incomplete or of another architecture than its config.json says")
     return model
+
+
+def is_hub_id(spec: str) -> bool:
+    """``org/name`` as the Hugging Face Hub writes ids (not a local path: no leading ``.``, ``/``, ``~``)."""
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~")) and not spec.endswith(".gguf")
+
+
+def _hub_config(repo_id: str, where: str) -> dict:
+    """The ``config.json`` of a Hub model (downloaded and cached); a one-line error when the Hub cannot
+    be reached or has no such model."""
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return json.loads(Path(hf_hub_download(repo_id, "config.json")).read_text())
+    except Exception as e:  # noqa: BLE001 (offline, unknown id, gated model: all say the same to the user)
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(
+            f"{where} is not a local path, and loading it as a Hugging Face Hub id failed ({first}). This machine "
+            "may be offline: download the model where there is network (`huggingface-cli download ID --local-dir "
+            "DIR`) and give the directory") from None
+
+
+def _require_gguf(where: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelLoadError(f"{where} is a GGUF file; reading one needs the `gguf` package: pip install gguf")
+
+
+def _load_gguf(auto_cls, gguf: Path, **kwargs) -> nn.Module:
+    """A GGUF checkpoint, dequantised by transformers, copied into a fresh model of its config:
+    transformers refuses ``save_pretrained`` on a GGUF-loaded model, and checkpoints must save."""
+    loaded = auto_cls.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **kwargs)
+    fresh = auto_cls.from_config(loaded.config, dtype=kwargs.get("dtype", loaded.dtype))
+    fresh.load_state_dict(loaded.state_dict())
+    fresh.generation_config = loaded.generation_config
+    return fresh

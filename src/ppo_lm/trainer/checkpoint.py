@@ -10,9 +10,10 @@ Layout of ``OUTPUT_DIR/checkpoints/iter_000012``::
     manifest.json            every other file's size and SHA-256, written last
 
 A crash (or Ctrl-C) while writing leaves only a ``.tmp-*`` directory, which is ignored and cleaned
-up later, so the previous checkpoint stays the latest valid one. A checkpoint damaged afterwards (a
-truncated copy, a full disk during a later rewrite) fails :func:`verify`, and resume falls back to an
-older one.
+up later, so the previous checkpoint stays the latest valid one. Older checkpoints are pruned only
+once the new one is complete, and never the new one itself nor one newer than it. A checkpoint
+damaged afterwards (a truncated copy, a full disk during a later rewrite) fails :func:`verify`, and
+resume falls back to an older one. tests/test_fault_injection.py kills the trainer at each step.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import signal
 from pathlib import Path
 
 _NAME = re.compile(r"^iter_(\d+)$")
@@ -58,7 +60,14 @@ def begin(output_dir: str | Path, iteration: int) -> tuple[Path, Path]:
     final = root / f"iter_{iteration:06d}"
     tmp = root / f".tmp-iter_{iteration:06d}"
     tmp.mkdir()
+    kill_point("begin", iteration)
     return tmp, final
+
+
+def kill_point(name: str, iteration: int) -> None:
+    # test hook (tests/test_fault_injection.py): PPO_LM_TEST_KILL_AT=ITERATION:NAME SIGKILLs the process here
+    if os.environ.get("PPO_LM_TEST_KILL_AT") == f"{iteration}:{name}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _sha256(path: Path) -> str:
@@ -100,21 +109,58 @@ def verify(directory: Path) -> str | None:
     return None
 
 
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (best effort: not every platform or file system can)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def commit(tmp: Path, final: Path, keep_last: int) -> None:
-    """Publish ``tmp`` as ``final`` atomically, then drop all but the newest ``keep_last``. The
-    manifest is written after every other file is on disk, so a checkpoint with a valid manifest is
-    complete."""
+    """Publish ``tmp`` as ``final`` atomically, then :func:`prune`. The manifest is written after every
+    other file is on disk, so a checkpoint with a valid manifest is complete."""
+    iteration = int(_NAME.match(final.name).group(1))
     for f in tmp.rglob("*"):
         if f.is_file():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+    kill_point("fsync", iteration)
     write_manifest(tmp)
-    if final.exists():  # re-saving the same iteration (e.g. final save right after a periodic one)
-        old = final.with_name(final.name + ".old")
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+    kill_point("manifest", iteration)
+    if final.exists():  # re-saving an iteration (one resume skipped as damaged): swap, old one aside
+        aside = final.with_name(f".tmp-replaced-{final.name}")
+        final.rename(aside)
+        try:
+            tmp.rename(final)
+        except BaseException:
+            aside.rename(final)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
     else:
         tmp.rename(final)
-    for _, p in list_checkpoints(final.parent.parent)[:-keep_last]:
-        shutil.rmtree(p, ignore_errors=True)
+    _fsync_dir(final.parent)
+    kill_point("publish", iteration)
+    prune(final.parent.parent, iteration, keep_last)
+
+
+def prune(output_dir: str | Path, newest: int, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints up to iteration ``newest`` (the one just
+    written, complete). It is never deleted, nor is any checkpoint newer than it: those are left from
+    an attempt that resume fell back from (damaged ones), and are replaced when the run gets there.
+    Each goes first to a ``.tmp-*`` name (atomic), so a crash mid-delete leaves no half checkpoint."""
+    older = [p for i, p in list_checkpoints(output_dir) if i < newest]
+    for p in older[: max(len(older) - (keep_last - 1), 0)]:
+        aside = p.with_name(f".tmp-pruned-{p.name}")
+        try:
+            p.rename(aside)
+        except OSError:
+            continue  # left for the next save to prune
+        kill_point("prune", newest)
+        shutil.rmtree(aside, ignore_errors=True)

@@ -19,19 +19,13 @@ def say(message: str) -> None:
 
 @contextlib.contextmanager
 def loading(what: str, source: str):
-    """``loading policy from DIR … 12.3 s``: a big model takes minutes to load, and a silent
-    process looks hung."""
+    """``loading the policy from DIR …`` then ``loaded the policy in 12.3 s``: a big model takes
+    minutes to load, and a silent process looks hung. Two whole lines, as libraries may draw their own
+    progress bars in between."""
     t0 = time.perf_counter()
-    if dist.is_main():
-        print(f"loading {what} from {source} …", end="", flush=True)
-    try:
-        yield
-    except BaseException:
-        if dist.is_main():
-            print(" failed", flush=True)
-        raise
-    if dist.is_main():
-        print(f" {time.perf_counter() - t0:.1f} s", flush=True)
+    say(f"loading {what} from {source} …")
+    yield
+    say(f"loaded {what} in {time.perf_counter() - t0:.1f} s")
 
 
 def parameters(model: nn.Module | None) -> str:

@@ -338,6 +338,9 @@ class PPOTrainer:
             if dist.is_main():
                 truncate_jsonl(self.output_dir / "metrics.jsonl", start)
                 truncate_jsonl(self.output_dir / "samples.jsonl", start)
+        elif cfg.auto_resume and dist.is_main():  # no checkpoint yet: lines of a killed first attempt go
+            truncate_jsonl(self.output_dir / "metrics.jsonl", -1)
+            truncate_jsonl(self.output_dir / "samples.jsonl", -1)
         if dist.is_main():
             dump_yaml(self.config, self.output_dir / "config.yaml")
         logger = MetricsLogger(self.output_dir, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,

@@ -111,7 +111,8 @@ def _check_resume(cfg: TrainConfig, out: Path) -> bool:
             "--resume, or use --auto-resume (resumes when there is a checkpoint, starts fresh otherwise)"
         )
     resuming = cfg.resume or (cfg.auto_resume and has_checkpoint)
-    if not resuming and dist.is_main() and ((out / "metrics.jsonl").exists() or has_checkpoint):
+    # --auto-resume without a checkpoint starts over, even after a run killed before its first save
+    if not resuming and not cfg.auto_resume and dist.is_main() and ((out / "metrics.jsonl").exists() or has_checkpoint):
         raise ConfigError(
             f"`output_dir` {str(out)!r} already holds a run: pass --resume to continue it, "
             "or choose another --output-dir"

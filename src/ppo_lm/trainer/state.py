@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import random
+import re
+import shutil
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -72,7 +76,8 @@ def _prefixed(sd: dict, prefix: str) -> dict:
 
 def save_checkpoint(run: RunState, output_dir: Path, iteration: int, keep_last: int) -> Path | None:
     """Rank 0 writes policy, critic and trainer state atomically, keeping the last ``keep_last``
-    checkpoints; other ranks wait.
+    checkpoints; other ranks wait. A failed write (a full disk, say) leaves no partial directory and
+    the previous checkpoint as it was, and raises :class:`CheckpointWriteError` on every rank.
 
     With FSDP the full (unsharded) weights and optimiser states are gathered first, so the
     checkpoint has the same layout either way and loads with plain transformers.
@@ -96,33 +101,80 @@ def save_checkpoint(run: RunState, output_dir: Path, iteration: int, keep_last: 
         critic_full = {f"model.{k}": v for k, v in critic.model.state_dict().items()} if critic else {}
         actor_opt = u.actor_opt.state_dict()
         critic_opt = u.critic_opt.state_dict() if u.critic_opt else None
+    failure = None
     if dist.is_main():
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # keep the trainer's own progress bar readable
-        tmp, final = ckpt.begin(output_dir, iteration)
-        policy.lm.save_pretrained(tmp / "policy", state_dict=_prefixed(policy_full, "lm."), safe_serialization=True)
-        run.tokenizer.save_pretrained(tmp / "policy")
-        if critic is not None:
-            critic.model.save_pretrained(tmp / "critic", state_dict=_prefixed(critic_full, "model."),
-                                         safe_serialization=True)
-            run.tokenizer.save_pretrained(tmp / "critic")
-        if policy.value_head is not None:
-            save_file({k: v.contiguous() for k, v in _prefixed(policy_full, "value_head.").items()},
-                      str(tmp / "value_head.safetensors"))
-        torch.save({
-            "state": asdict(run.progress),
-            "fsdp": fsdp,
-            "actor_opt": actor_opt,
-            "critic_opt": critic_opt,
-            "actor_sched": u.actor_sched.state_dict(),
-            "critic_sched": u.critic_sched.state_dict() if u.critic_sched else None,
-            "kl_ctl": run.kl_ctl.state_dict(),
-            "rng": rng_per_rank,
-        }, tmp / "trainer_state.pt")
-        ckpt.commit(tmp, final, keep_last)
-    dist.barrier()
+        tmp = None
+        try:
+            tmp, final = ckpt.begin(output_dir, iteration)
+            policy.lm.save_pretrained(tmp / "policy", state_dict=_prefixed(policy_full, "lm."), safe_serialization=True)
+            run.tokenizer.save_pretrained(tmp / "policy")
+            ckpt.kill_point("policy", iteration)
+            if critic is not None:
+                critic.model.save_pretrained(tmp / "critic", state_dict=_prefixed(critic_full, "model."),
+                                             safe_serialization=True)
+                run.tokenizer.save_pretrained(tmp / "critic")
+                ckpt.kill_point("critic", iteration)
+            if policy.value_head is not None:
+                save_file({k: v.contiguous() for k, v in _prefixed(policy_full, "value_head.").items()},
+                          str(tmp / "value_head.safetensors"))
+            with open(tmp / "trainer_state.pt", "wb") as fh:  # a file object: a failed write keeps its OSError
+                torch.save({
+                    "state": asdict(run.progress),
+                    "fsdp": fsdp,
+                    "actor_opt": actor_opt,
+                    "critic_opt": critic_opt,
+                    "actor_sched": u.actor_sched.state_dict(),
+                    "critic_sched": u.critic_sched.state_dict() if u.critic_sched else None,
+                    "kl_ctl": run.kl_ctl.state_dict(),
+                    "rng": rng_per_rank,
+                }, fh)
+            ckpt.kill_point("trainer_state", iteration)
+            ckpt.commit(tmp, final, keep_last)
+        except Exception as e:
+            if (cause := _write_failure(e)) is None:
+                raise
+            failure = _write_failure_message(output_dir, iteration, *cause)
+        finally:
+            if tmp is not None:  # gone once committed; after a failure, no half-written directory stays
+                shutil.rmtree(tmp, ignore_errors=True)
+    failures = dist.all_gather_object(failure)  # every rank stops when rank 0 could not write
+    if failures[0] is not None:
+        raise CheckpointWriteError(failures[0])
     return final
+
+
+class CheckpointWriteError(UserError):
+    """A checkpoint could not be written (a full disk, a quota, a failing device); the previous
+    checkpoint is kept as it was, and the run stops."""
+
+
+def _write_failure(e: BaseException) -> tuple[int | None, str] | None:
+    """(errno, what went wrong) when ``e`` is a failed write: an ``OSError``, or an error that torch's
+    or safetensors' writer raised over one (safetensors' says "... (os error 28)"). None otherwise:
+    a bug keeps its traceback."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            return e.errno, e.strerror or str(e)
+        if m := re.search(r"\(os error (\d+)\)", str(e)):
+            return int(m.group(1)), os.strerror(int(m.group(1)))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _write_failure_message(output_dir: Path, iteration: int, code: int | None, reason: str) -> str:
+    where = str(ckpt.checkpoint_dir(output_dir))
+    fix = "free space" if code in (errno.ENOSPC, errno.EDQUOT) else "fix that"
+    for i, path in reversed(ckpt.list_checkpoints(output_dir)):
+        if i < iteration and ckpt.verify(path) is None:
+            return (f"could not write checkpoint {iteration} to {where!r}: {reason}; the previous checkpoint "
+                    f"(iteration {i}) is intact; {fix} and resume with --resume")
+    return (f"could not write checkpoint {iteration} to {where!r}: {reason}; there is no earlier intact "
+            f"checkpoint; {fix} and start the run again in a new --output-dir")
 
 
 def _load_weights(directory: Path) -> dict[str, torch.Tensor]:
