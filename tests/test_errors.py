@@ -197,3 +197,9 @@ def test_a_raising_reward_shows_the_users_own_lines(tmp_path):
     assert "raising_reward_abc.py:6 in score: return [parse(r) for r in responses]" in msg
     assert "raising_reward_abc.py:3 in parse: return int(text)" in msg
     assert "ppo_lm" not in msg.split("first prompt")[0].replace("raising_reward_abc", "")
+
+
+def test_a_hub_id_offline_is_one_line(tmp_path, capsys, monkeypatch, no_model_loads):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    err = _train(capsys, "--model.policy", "no-such-org-xyz/no-such-model", "--output-dir", str(tmp_path / "run"))
+    assert "is not a local path, and loading it as a Hugging Face Hub id failed" in err and "offline" in err

@@ -95,3 +95,13 @@ def test_the_repository_cites_only_its_own_documents():
     for p in files:
         for ref in re.findall(r"docs/([\w-]+\.md)", p.read_text()):
             assert (ROOT / "docs" / ref).is_file(), f"{p.relative_to(ROOT)} cites docs/{ref}, which does not exist"
+
+
+def test_every_case_of_docs_errors_names_a_test_that_exists():
+    """docs/errors.md backs each case with a test, named tests/FILE::TEST; each must be defined."""
+    text = (ROOT / "docs" / "errors.md").read_text()
+    refs = re.findall(r"`tests/([\w/]+\.py)::(\w+)`", text)
+    assert len(refs) >= 40, len(refs)
+    missing = [f"{f}::{name}" for f, name in refs
+               if not (ROOT / "tests" / f).is_file() or f"def {name}(" not in (ROOT / "tests" / f).read_text()]
+    assert not missing, f"docs/errors.md names tests that do not exist: {missing}"

@@ -35,6 +35,7 @@ from ppo_lm.trainer.validate import validate_config
         ({"iterations": 0}, "iterations"),
         ({"model__cpu_lanes": 0}, "model.cpu_lanes"),
         ({"model__value_grad_scale": 2.0}, "value_grad_scale"),
+        ({"log__report_to": ["neptune"]}, "log.report_to"),
     ],
 )
 def test_config_errors_name_the_field(tmp_path, overrides, field):
