@@ -92,3 +92,15 @@ def test_every_end_of_turn_id_of_the_generation_config_stops_a_response(tmp_path
         if any(ended_on_seven):
             return
     pytest.fail("no response ended with the extra end-of-turn token in 3 iterations")
+
+
+def test_stop_tokens_given_as_text(tmp_path):
+    """A newline or a space is one token of the vocabulary even where it is stored as 'Ċ' / 'Ġ'."""
+    tok = build_tokenizer()
+    tr = PPOTrainer(tiny_config(tmp_path / "run", rollout__stop_tokens=["\n", " "]), tokenizer=tok,
+                    verifier=lambda p, r, **c: [0.0] * len(p))
+    newline, space = (tok.encode(s, add_special_tokens=False) for s in ("\n", " "))
+    assert len(newline) == len(space) == 1 and tok.decode(newline + space) == "\n "
+    assert set(tr.sampling.stop_token_ids) == {tok.eos_token_id, newline[0], space[0]}
+    with pytest.raises(ConfigError, match="'ab' is not a single token"):
+        PPOTrainer(tiny_config(tmp_path / "r2", rollout__stop_tokens=["ab"]), verifier=lambda p, r, **c: [0.0] * len(p))

@@ -143,8 +143,8 @@ def test_train_sft_reduces_heldout_loss_and_saves(tok, tmp_path):
     model = build_tiny_policy(tok, seed=0, hidden_size=64)
     rows = sft_demonstrations(600, seed=0, error_rate=0.3)
     logs = []
-    cfg = SFTConfig(lr=3e-3, epochs=3, batch_size=32, heldout_fraction=0.1, log_every=10, seed=0)
-    metrics = train_sft(model, tok, rows, cfg, output_dir=tmp_path / "sft", log_fn=logs.append)
+    cfg = SFTConfig(lr=3e-3, epochs=3, batch_size=32, heldout_fraction=0.1, log_every=10)
+    metrics = train_sft(model, tok, rows, cfg, output_dir=tmp_path / "sft", log_fn=logs.append, seed=0)
     assert metrics["heldout_loss_after"] < 0.5 * metrics["heldout_loss_before"]
     assert sum(metrics["train_loss"][-5:]) / 5 < 0.5 * sum(metrics["train_loss"][:5]) / 5
     assert metrics["n_train"] == 540 and metrics["n_heldout"] == 60
@@ -162,9 +162,9 @@ def test_train_sft_reduces_heldout_loss_and_saves(tok, tmp_path):
 
 def test_train_sft_is_deterministic(tok):
     rows = sft_demonstrations(64, seed=0)
-    cfg = SFTConfig(lr=1e-3, max_steps=4, batch_size=16, log_every=0, seed=5)
+    cfg = SFTConfig(lr=1e-3, max_steps=4, batch_size=16, log_every=0)
     runs = [
-        train_sft(build_tiny_policy(tok, seed=0, hidden_size=32), tok, rows, cfg)["train_loss"]
+        train_sft(build_tiny_policy(tok, seed=0, hidden_size=32), tok, rows, cfg, seed=5)["train_loss"]
         for _ in range(2)
     ]
     assert runs[0] == runs[1] and len(runs[0]) == 4
@@ -221,8 +221,8 @@ def test_train_reward_model_beats_chance_and_normalizes(tok, tmp_path):
     _, rm = _tiny_rm(tok, seed=0, hidden_size=64)
     train = preference_pairs(1000, seed=0)
     held = preference_pairs(300, seed=1, split="heldout")
-    cfg = RMConfig(lr=3e-3, epochs=4, batch_size=32, log_every=0, seed=0)
-    metrics = train_reward_model(rm, tok, train, cfg, output_dir=tmp_path / "rm", eval_rows=held)
+    cfg = RMConfig(lr=3e-3, epochs=4, batch_size=32, log_every=0)
+    metrics = train_reward_model(rm, tok, train, cfg, output_dir=tmp_path / "rm", eval_rows=held, seed=0)
     assert metrics["n_heldout"] == 300
     assert metrics["heldout_accuracy_after"] > 0.6
     assert metrics["heldout_loss_after"] < metrics["heldout_loss_before"]
@@ -275,7 +275,7 @@ def test_optimizer_step_refuses_a_nonfinite_gradient_before_stepping():
 
 @pytest.mark.parametrize("argv,message", [
     (["sft", "--data", "/nonexistent/x.jsonl"], "no such file"),
-    (["sft", "--sft.batch-size", "0"], "batch_size must be >= 1"),
+    (["sft", "--sft.batch-size", "0"], "`sft.batch_size` must be >= 1, got 0"),
     (["rm", "--data", "PAIRS"], "lacks column"),
 ])
 def test_stage_commands_report_bad_input_without_a_traceback(tmp_path, capsys, argv, message):
@@ -307,24 +307,24 @@ def test_split_rows_keeps_a_prompts_rows_together():
 
 
 def test_stage_commands_seed_the_whole_run(monkeypatch, tmp_path):
-    """`ppo-lm sft --seed S` / `rm --seed S` also seed the held-out split and batch order."""
+    """`ppo-lm sft --seed S` / `rm --seed S` also seed the held-out split and batch order: one seed,
+    the top-level one (default 0), reaches the stage."""
     import ppo_lm.stages.rm as rm_mod
     import ppo_lm.stages.sft as sft_mod
     from ppo_lm.commands import RMCommand, SFTCommand, run_rm, run_sft
 
     seen = {}
-    monkeypatch.setattr(sft_mod, "train_sft", lambda m, t, rows, cfg, **k: seen.setdefault("sft", cfg.seed) and
-                        {"heldout_loss_before": 0.0, "heldout_loss_after": 0.0})
-    monkeypatch.setattr(rm_mod, "train_reward_model", lambda m, t, rows, cfg, **k: seen.setdefault("rm", cfg.seed) and
-                        {"heldout_accuracy_before": 0.0, "heldout_accuracy_after": 0.0})
+    monkeypatch.setattr(sft_mod, "train_sft", lambda m, t, rows, cfg, seed, **k: (
+        seen.setdefault("sft", seed), {"heldout_loss_before": 0.0, "heldout_loss_after": 0.0})[1])
+    monkeypatch.setattr(rm_mod, "train_reward_model", lambda m, t, rows, cfg, seed, **k: (
+        seen.setdefault("rm", seed), {"heldout_accuracy_before": 0.0, "heldout_accuracy_after": 0.0})[1])
     run_sft(SFTCommand(output_dir=str(tmp_path / "s"), seed=7, builtin_demos=8, builtin_hidden_size=32))
     run_rm(RMCommand(output_dir=str(tmp_path / "r"), seed=7, builtin_pairs=8, builtin_hidden_size=32))
     assert seen == {"sft": 7, "rm": 7}
-    seen.clear()  # without --seed, the stage's own seed seeds everything
-    c = SFTCommand(output_dir=str(tmp_path / "s2"), builtin_demos=8, builtin_hidden_size=32)
-    c.sft.seed = 5
-    run_sft(c)
-    assert seen == {"sft": 5}
+    seen.clear()
+    run_sft(SFTCommand(output_dir=str(tmp_path / "s2"), builtin_demos=8, builtin_hidden_size=32))
+    assert seen == {"sft": 0}
+    assert not hasattr(SFTConfig(), "seed") and not hasattr(RMConfig(), "seed")
 
 
 def test_split_rows_does_not_overshoot_with_a_big_group():

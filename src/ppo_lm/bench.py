@@ -323,14 +323,16 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
     return result
 
 
-def cmd_bench(argv: list[str]) -> int:
-    """``ppo-lm bench --workload w1 --iterations N [--threads 2] [--json] [--compare-hf-generate]``."""
-    ap = argparse.ArgumentParser(prog="ppo-lm bench", description="Throughput of the PPO trainer on the "
-                                 "benchmark workloads W1 (fixed 64-token responses) and W2 (early stops).")
+def bench_command(argv: list[str]) -> dict:
+    """Parse ``ppo-lm bench`` flags, check them before anything is built, and run."""
+    from .errors import ArgumentParser, UsageError
+
+    ap = ArgumentParser(prog="ppo-lm bench", description="Throughput of the PPO trainer on the "
+                        "benchmark workloads W1 (fixed 64-token responses) and W2 (early stops).")
     ap.add_argument("--workload", choices=["w1", "w2"], default="w1")
     ap.add_argument("--iterations", type=int, default=3, help="timed iterations (after --warmup)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--json", action="store_true", help="print one JSON line")
     ap.add_argument("--compare-hf-generate", action="store_true",
                     help="also time transformers' model.generate against ppo-lm's sampler on the same batch")
@@ -344,19 +346,28 @@ def cmd_bench(argv: list[str]) -> int:
     ap.add_argument("--device", default="cpu", help="cpu (W1's definition) or cuda / cuda:N")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests only
     args = ap.parse_args(argv)
-    if args.iterations < 1 or args.warmup < 0:
-        ap.error("--iterations must be >= 1 and --warmup >= 0")
+    for flag, value, low in (("--iterations", args.iterations, 1), ("--warmup", args.warmup, 0),
+                             ("--threads", args.threads, 0)):
+        if value < low:
+            raise UsageError(f"{flag} must be >= {low}, got {value}")
     if args.cpu_lanes is not None and args.cpu_lanes < 1:
-        ap.error("--cpu-lanes must be >= 1")
+        raise UsageError(f"--cpu-lanes must be >= 1, got {args.cpu_lanes}")
     from .trainer.builders import resolve_device
     from .trainer.config_io import ConfigError
 
     try:
         resolve_device(args.device)  # before building anything
     except ConfigError as e:
-        ap.error(str(e).replace("`model.device`", "--device"))
+        raise UsageError(str(e).replace("`model.device`", "--device")) from None
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    run_bench(args.workload, args.iterations, args.threads, args.json, warmup=args.warmup, tiny=args.tiny,
-              compare_hf_generate=args.compare_hf_generate, compile_kernels=args.compile_kernels,
-              device=args.device, logp_from_sampler=args.logp_from_sampler, cpu_lanes=args.cpu_lanes)
-    return 0
+    return run_bench(args.workload, args.iterations, args.threads, args.json, warmup=args.warmup, tiny=args.tiny,
+                     compare_hf_generate=args.compare_hf_generate, compile_kernels=args.compile_kernels,
+                     device=args.device, logp_from_sampler=args.logp_from_sampler, cpu_lanes=args.cpu_lanes)
+
+
+def cmd_bench(argv: list[str]) -> int:
+    """``ppo-lm bench --workload w1 --iterations N [--threads 2] [--json] [--compare-hf-generate]``: a bad
+    flag or value is one line and status 2, before anything is built."""
+    from .cli import _run
+
+    return _run(lambda: bench_command(argv))

@@ -7,7 +7,9 @@ separate critic → greedy held-out accuracy before and after, with plots and a 
 from __future__ import annotations
 
 import json
+import math
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,29 +36,45 @@ class DemoConfig:
     output_dir: str | None = None
     """Default: runs/demo-<timestamp>."""
     seed: int = 0
+    """Seeds everything: the built-in model, the data, SFT, the reward model and PPO."""
     rlhf: bool = False
     """Train a reward model on preference pairs and run PPO against it (the verifier stays the gold metric)."""
     smoke: bool = False
     """Tiny sizes that run in seconds (wiring check, used by the tests)."""
     threads: int = 2
+    """torch CPU threads; 0 = leave torch's default."""
     hidden_size: int = 64
+    """Hidden size of the built-in model, a multiple of 8."""
     num_layers: int = 2
+    """Transformer layers of the built-in model."""
     sft_demos: int = 4000
+    """Demonstrations SFT trains on."""
     sft_error_rate: float = 0.3
     """Share of wrong answers in the SFT demonstrations, so SFT alone stays imperfect."""
     sft_steps: int = 400
+    """SFT optimiser steps."""
     sft_lr: float = 1e-3
+    """SFT learning rate."""
     sft_batch_size: int = 32
+    """Demonstrations per SFT step."""
     eval_prompts: int = 200
+    """Held-out prompts of the greedy accuracy (distinct equations of the held-out split, at most 300)."""
     eval_every: int = 50
+    """Measure the held-out accuracy every this many PPO iterations (and after the last)."""
     rm_prompts: int = 4000
+    """--rlhf: prompts the SFT policy samples responses to, for preference pairs."""
     rm_samples_per_prompt: int = 4
+    """--rlhf: responses per prompt (>= 2: a pair needs a right and a wrong one)."""
     rm_steps: int = 1000
+    """--rlhf: reward-model optimiser steps."""
     rm_batch_size: int = 32
+    """--rlhf: pairs per reward-model step."""
     rm_lr: float = 5e-4
+    """--rlhf: reward-model learning rate."""
     rm_min_pairs: int = 200
     """Pairs from policy samples are topped up with synthetic ones to at least this many."""
     ppo: TrainConfig = field(default_factory=_demo_ppo)
+    """The PPO stage (as `ppo-lm train`); its output_dir, seed, threads and models are set by the demo."""
 
     def shrink(self) -> None:
         self.sft_demos, self.sft_steps, self.eval_prompts, self.eval_every = 64, 4, 8, 1
@@ -66,6 +84,61 @@ class DemoConfig:
         self.ppo.rollout.num_prompts = 8
         self.ppo.data.builtin_num_prompts = 64
         self.ppo.log.progress = False
+
+
+BUILTIN_CONTEXT = 128  # max_position_embeddings of the built-in model (tasks.equations.tiny_model_config)
+DEMO_OUTPUTS = ("summary.json", "sft", "rm", "ppo", "diagnostics.png")
+
+
+def _out_dir(cfg: DemoConfig) -> Path:
+    return Path(cfg.output_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def check_demo(cfg: DemoConfig, out: Path) -> None:
+    """Every setting of the demo, its output directory and its PPO stage's settings, before anything is
+    built: a bad value is a :class:`ConfigError` naming the flag, not a failure minutes in."""
+    from .tasks.equations import make_prompts
+    from .trainer.config_io import ConfigError
+    from .trainer.files import prepare_output_dir
+    from .trainer.validate import validate_config
+
+    def need(ok: bool, name: str, want: str) -> None:
+        if not ok:
+            raise ConfigError(f"`{name}` must be {want}, got {getattr(cfg, name)!r}")
+
+    need(cfg.threads >= 0, "threads", ">= 0 (0: torch's default)")
+    need(cfg.hidden_size >= 8 and cfg.hidden_size % 8 == 0, "hidden_size",
+         "a positive multiple of 8 (2 × the built-in model's 4 heads: RoPE splits each head's width in halves)")
+    for name in ("num_layers", "sft_demos", "sft_steps", "sft_batch_size", "eval_prompts", "eval_every"):
+        need(getattr(cfg, name) >= 1, name, ">= 1")
+    need(math.isfinite(cfg.sft_error_rate) and 0 <= cfg.sft_error_rate <= 1, "sft_error_rate", "in [0, 1]")
+    need(math.isfinite(cfg.sft_lr) and cfg.sft_lr > 0, "sft_lr", "a finite number > 0")
+    if cfg.rlhf:
+        for name in ("rm_prompts", "rm_steps", "rm_batch_size", "rm_min_pairs"):
+            need(getattr(cfg, name) >= 1, name, ">= 1")
+        need(cfg.rm_samples_per_prompt >= 2, "rm_samples_per_prompt", ">= 2 (a pair needs a right and a wrong response)")
+        need(math.isfinite(cfg.rm_lr) and cfg.rm_lr > 0, "rm_lr", "a finite number > 0")
+    try:
+        make_prompts(cfg.eval_prompts, seed=cfg.seed + 10_000, split="heldout", unique=True)
+    except ValueError as e:
+        raise ConfigError(f"`eval_prompts`={cfg.eval_prompts}: {e}") from None
+    ppo = cfg.ppo
+    if ppo.rollout.max_new_tokens >= BUILTIN_CONTEXT:
+        raise ConfigError(f"`ppo.rollout.max_new_tokens`={ppo.rollout.max_new_tokens} leaves no room for a prompt in the "
+                          f"built-in model's context of {BUILTIN_CONTEXT} tokens; lower it below {BUILTIN_CONTEXT}")
+    try:
+        validate_config(ppo, 1)
+    except ConfigError as e:  # its fields are under ppo. here
+        raise ConfigError(re.sub(r"`([a-z_][a-z0-9_.]*)`", r"`ppo.\1`", str(e))) from None
+
+    try:
+        prepare_output_dir(out, "output_dir")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    found = [name for name in DEMO_OUTPUTS if (out / name).exists()]
+    if found:
+        raise ConfigError(f"`output_dir` {str(out)!r} already holds a demo ({', '.join(found)}); choose another "
+                          "--output-dir (or leave it unset for a new runs/demo-<timestamp>)")
 
 
 def _preference_pairs_from_policy(lm, tok, rows, samples: int, seed: int, max_new_tokens: int) -> list[dict]:
@@ -105,10 +178,19 @@ def run_demo(cfg: DemoConfig) -> dict:
     console = Console()
     if cfg.smoke:
         cfg.shrink()
-    torch.set_num_threads(cfg.threads)
+    out = _out_dir(cfg)
+    ppo = cfg.ppo
+    ppo.output_dir = str(out / "ppo")
+    ppo.seed = cfg.seed
+    ppo.threads = cfg.threads
+    ppo.model.policy = str(out / "sft")
+    ppo.model.tokenizer = str(out / "sft")
+    ppo.model.reward = str(out / "rm") if cfg.rlhf else "builtin:equations"
+    ppo.model.gold_reward = "builtin:equations" if cfg.rlhf else ppo.model.gold_reward
+    check_demo(cfg, out)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
-    out = Path(cfg.output_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
     max_new = cfg.ppo.rollout.max_new_tokens
     tok = build_tokenizer()
     held = make_prompts(cfg.eval_prompts, seed=cfg.seed + 10_000, split="heldout", unique=True)
@@ -125,18 +207,12 @@ def run_demo(cfg: DemoConfig) -> dict:
     held_demos = sft_demonstrations(max(cfg.sft_demos // 10, 1), seed=cfg.seed + 30_000, error_rate=cfg.sft_error_rate,
                                     split="heldout")
     sft_metrics = train_sft(lm, tok, demos, SFTConfig(lr=cfg.sft_lr, max_steps=cfg.sft_steps, batch_size=cfg.sft_batch_size,
-                                                      seed=cfg.seed, log_every=10**9), output_dir=out / "sft",
-                            eval_rows=held_demos)
+                                                      log_every=10**9), output_dir=out / "sft",
+                            eval_rows=held_demos, seed=cfg.seed)
     acc_before = accuracy(lm)
     console.print(f"   held-out accuracy after SFT: {acc_before:.1%}")
 
     # 2. (RLHF) reward model on pairs from the SFT policy's own samples, labelled by the verifier.
-    ppo = cfg.ppo
-    ppo.output_dir = str(out / "ppo")
-    ppo.seed = cfg.seed
-    ppo.threads = cfg.threads
-    ppo.model.policy = str(out / "sft")
-    ppo.model.tokenizer = str(out / "sft")
     rm_metrics = None
     if cfg.rlhf:
         from .stages.rm import RMConfig, build_reward_model_from_policy_config, train_reward_model
@@ -153,13 +229,10 @@ def run_demo(cfg: DemoConfig) -> dict:
         console.print(f"[bold]2. Reward model[/] on {len(pairs)} preference pairs "
                       f"({n_policy} from policy samples)")
         rm = build_reward_model_from_policy_config(lm.config, causal_lm=lm, pad_token_id=tok.pad_token_id, seed=cfg.seed)
-        rm_metrics = train_reward_model(rm, tok, pairs, RMConfig(lr=cfg.rm_lr, max_steps=cfg.rm_steps, batch_size=cfg.rm_batch_size, seed=cfg.seed,
-                                                               log_every=10**9), output_dir=out / "rm")
+        rm_metrics = train_reward_model(rm, tok, pairs, RMConfig(lr=cfg.rm_lr, max_steps=cfg.rm_steps,
+                                                               batch_size=cfg.rm_batch_size, log_every=10**9),
+                                        output_dir=out / "rm", seed=cfg.seed)
         console.print(f"   held-out pairwise accuracy: {rm_metrics['heldout_accuracy_after']:.1%}")
-        ppo.model.reward = str(out / "rm")
-        ppo.model.gold_reward = "builtin:equations"
-    else:
-        ppo.model.reward = "builtin:equations"
 
     # 3. PPO with a separate critic.
     console.print(f"[bold]{3 if cfg.rlhf else 2}. PPO[/] for {ppo.iterations} iterations × {ppo.rollout.num_prompts} prompts")

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from .errors import UserError
+
 PANELS: list[tuple[str, list[str]]] = [
     ("score", ["score", "gold_score", "heldout_accuracy"]),
     ("ref KL (per response)", ["ref_kl"]),
@@ -19,32 +21,81 @@ PANELS: list[tuple[str, list[str]]] = [
 ]
 
 
+class PlotError(UserError):
+    """Nothing to plot, or the PNG cannot be written; the message says which and the fix."""
+
+
 def read_metrics(path: str | Path) -> list[dict]:
+    """The JSON objects of a metrics.jsonl, one per line; lines that are not one (a line cut by a
+    crash, a blank line) are skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise PlotError(f"cannot read {path}: {e.strerror or e}") from None
     rows = []
-    for line in Path(path).read_text().splitlines():
+    for line in text.splitlines():
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 
+def _iteration(row: dict) -> bool:
+    return isinstance(row.get("iteration"), (int, float)) and not isinstance(row.get("iteration"), bool)
+
+
+def _plottable(row: dict, key: str) -> bool:
+    v = row.get(key)
+    return _iteration(row) and isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _save(fig, out: Path) -> None:
+    """``fig.savefig`` with a :class:`PlotError` for a path that cannot be written or a format
+    matplotlib does not know (``out`` has its suffix already: see :func:`png_path`)."""
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.savefig(out, dpi=110)
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise PlotError(f"cannot write the plot to {str(out)!r}: {reason}; choose another path") from None
+    finally:
+        plt.close(fig)
+
+
+def png_path(out: str | Path) -> Path:
+    """``out``, with ``.png`` added when it has no suffix (what matplotlib writes then)."""
+    out = Path(out)
+    return out if out.suffix else out.with_name(out.name + ".png")
+
+
 def plot_run(metrics_path: str | Path, out_png: str | Path, title: str = "") -> Path:
-    """One figure with a panel per diagnostic that the run logged; returns the PNG path."""
+    """One figure with a panel per diagnostic that the run logged; returns the PNG path.
+
+    Raises :class:`PlotError` when ``metrics_path`` holds no iteration with a plottable metric (an
+    empty file, a run that has not finished an iteration) rather than drawing an empty figure.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = read_metrics(metrics_path)
-    panels = [(name, [k for k in keys if any(r.get(k) is not None for r in rows)]) for name, keys in PANELS]
+    panels = [(name, [k for k in keys if any(_plottable(r, k) for r in rows)]) for name, keys in PANELS]
     panels = [(n, ks) for n, ks in panels if ks]
+    if not panels:
+        what = "is empty" if not rows else (f"has {len(rows)} line(s) but none with an `iteration` and a metric "
+                                            f"that is plotted ({', '.join(keys[0] for _, keys in PANELS[:4])}, …)")
+        raise PlotError(f"{metrics_path} {what}: nothing to plot; plot a run that has logged an iteration")
     cols = 3
     nrows = max(1, math.ceil(len(panels) / cols))
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 2.8 * nrows), squeeze=False)
     for ax, (name, keys) in zip(axes.flat, panels):
         for k in keys:
-            pts = [(r["iteration"], r[k]) for r in rows if r.get(k) is not None]
+            pts = [(r["iteration"], r[k]) for r in rows if _plottable(r, k)]
             marker = "o" if len(pts) < 30 or k == "heldout_accuracy" else None
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=k, marker=marker, markersize=3)
         ax.set_title(name, fontsize=10)
@@ -57,9 +108,8 @@ def plot_run(metrics_path: str | Path, out_png: str | Path, title: str = "") -> 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    out = Path(out_png)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    out = png_path(out_png)
+    _save(fig, out)
     return out
 
 
@@ -70,7 +120,9 @@ def plot_proxy_vs_gold(metrics_path: str | Path, out_png: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_metrics(metrics_path)
+    rows = [r for r in read_metrics(metrics_path) if _iteration(r)]
+    if not rows:
+        raise PlotError(f"{metrics_path} holds no iteration to plot")
     it = [r["iteration"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(it, [r.get("score") for r in rows], color="tab:blue", label="proxy (reward model)")
@@ -81,7 +133,6 @@ def plot_proxy_vs_gold(metrics_path: str | Path, out_png: str | Path) -> Path:
     ax.set_xlabel("iteration")
     ax.set_title("proxy vs gold reward")
     fig.tight_layout()
-    out = Path(out_png)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    out = png_path(out_png)
+    _save(fig, out)
     return out

@@ -1,4 +1,5 @@
-"""Optimiser, schedule and batching shared by the SFT and reward-model stages."""
+"""Optimiser, schedule, batching, settings checks, progress lines and saving shared by the SFT and
+reward-model stages."""
 
 from __future__ import annotations
 
@@ -13,6 +14,39 @@ import torch
 from .data import InputError
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
+
+# Files that mark a directory as holding a finished stage (or another ppo-lm output): a new stage
+# refuses to write over them unless told to (``--overwrite``).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+STAGE_OUTPUTS = ("config.json", *WEIGHT_FILES, "sft_metrics.json", "rm_metrics.json", "sft_log.jsonl",
+                 "rm_log.jsonl", "metrics.jsonl", "checkpoints")
+
+
+def check_stage_config(cfg, section: str) -> None:
+    """Refuse an out-of-range setting of an SFT or reward-model stage (:class:`InputError` naming
+    ``section.field``), before any model or data is touched."""
+
+    def need(ok: bool, name: str, want: str) -> None:
+        if not ok:
+            raise InputError(f"`{section}.{name}` must be {want}, got {getattr(cfg, name)!r}")
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    need(number(cfg.lr) and cfg.lr > 0, "lr", "a finite number > 0")
+    need(cfg.epochs >= 1, "epochs", ">= 1")
+    need(cfg.max_steps is None or cfg.max_steps >= 1, "max_steps", ">= 1 (or unset: epochs decide)")
+    need(cfg.batch_size >= 1, "batch_size", ">= 1")
+    need(cfg.eval_batch_size >= 1, "eval_batch_size", ">= 1")
+    need(cfg.max_length >= 2, "max_length", ">= 2 (a prompt token and the EOS)")
+    need(number(cfg.heldout_fraction) and 0.0 <= cfg.heldout_fraction < 1.0, "heldout_fraction", "in [0, 1)")
+    need(number(cfg.weight_decay) and cfg.weight_decay >= 0, "weight_decay", "a finite number >= 0")
+    need(cfg.warmup_steps >= 0, "warmup_steps", ">= 0")
+    need(cfg.schedule in LR_SCHEDULES, "schedule", f"one of {', '.join(LR_SCHEDULES)}")
+    need(cfg.max_grad_norm is None or (number(cfg.max_grad_norm) and cfg.max_grad_norm >= 0), "max_grad_norm",
+         "a finite number >= 0 (0 or unset: no clipping)")
+    need(cfg.log_every >= 0, "log_every", ">= 0 (0: no progress lines)")
 
 
 def total_steps(n_rows: int, batch_size: int, epochs: int, max_steps: int | None) -> int:
@@ -57,7 +91,7 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
 def make_scheduler(opt: torch.optim.Optimizer, schedule: str, warmup_steps: int, n_steps: int):
     """Linear warm-up over ``warmup_steps``, then constant, linear decay or cosine decay to 0."""
     if schedule not in LR_SCHEDULES:
-        raise InputError(f"lr_schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
+        raise InputError(f"schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
 
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -115,14 +149,37 @@ def window_log_entry(
     return entry
 
 
+def format_log_entry(entry: dict) -> str:
+    """One plain line of a stage's log entry: ``sft step 10/250 loss 1.2345 lr 0.0001 grad_norm 0.53 ...``."""
+    parts = [f"{entry['stage']} step {entry['step']}/{entry['steps']}"]
+    for key, value in entry.items():
+        if key in ("stage", "step", "steps"):
+            continue
+        if key == "lr":
+            parts.append(f"lr {value:.3g}")
+        elif isinstance(value, float):
+            parts.append(f"{key} {value:.4g}" if key != "loss" else f"loss {value:.4f}")
+        else:
+            parts.append(f"{key} {value}")
+    return " ".join(parts)
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
 def save_artifacts(output_dir, model, tokenizer, metrics: dict, metrics_name: str) -> None:
-    """``save_pretrained`` model and tokenizer plus a JSON of the metrics into ``output_dir``."""
+    """``save_pretrained`` model and tokenizer plus a JSON of the metrics into ``output_dir``.
+
+    Weight files already there are removed first (unlinked, so a model still mapped from them keeps
+    its data): a stale ``pytorch_model.bin`` or shard index next to the new weights would be loaded
+    in their place."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for f in out.iterdir():
+        if f.is_file() and (f.name in WEIGHT_FILES or (f.name.startswith(("model-", "pytorch_model-"))
+                                                      and f.suffix in (".safetensors", ".bin"))):
+            f.unlink()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / metrics_name).write_text(json.dumps(metrics, indent=2))

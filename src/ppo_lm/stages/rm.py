@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from ..models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, sequence_scores
 from ._common import (
     batch_indices,
+    check_stage_config,
     make_optimizer,
     make_scheduler,
     model_device,
@@ -53,23 +55,40 @@ STD_KEY = REWARD_STD_KEY
 
 @dataclass
 class RMConfig:
-    """Settings of :func:`train_reward_model`. ``batch_size`` counts pairs; ``max_steps`` overrides ``epochs``."""
+    """Settings of the reward-model stage (train_reward_model). max_steps, when set, overrides epochs."""
 
     lr: float = 1e-4
+    """AdamW learning rate (the schedule's peak)."""
     epochs: int = 1
+    """Passes over the training pairs (unless max_steps is set)."""
     max_steps: int | None = None
+    """Optimiser steps to take; None: epochs decide."""
     batch_size: int = 16
+    """Pairs per optimiser step."""
     eval_batch_size: int = 64
-    max_length: int = 512  # per sequence; pairs with a longer side are skipped
-    heldout_fraction: float = 0.1  # used only when no eval_rows are given
-    seed: int = 0
+    """Pairs per forward pass of the held-out evaluation and the normalisation."""
+    max_length: int = 512
+    """Longest prompt + response + EOS in tokens, per side; pairs with a longer side are skipped."""
+    heldout_fraction: float = 0.1
+    """Share of the pairs held out for the before/after accuracy, whole prompts at a time, in [0, 1);
+    used only without eval_data."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay (biases and norm weights exempt); 0 = none."""
     warmup_steps: int = 0
-    lr_schedule: str = "constant"  # constant | linear | cosine
+    """Linear learning-rate warm-up from 0, in optimiser steps; 0 = none."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after the warm-up: constant, or linear/cosine decay to 0 at the last step."""
     max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this; None or 0 = no clipping."""
     log_every: int = 10
-    normalize: bool = True  # store mean/std of scores on the reference set in model.config
+    """Print a progress line (loss, accuracy, lr, step/total) every this many steps and at the last;
+    0 = never."""
+    normalize: bool = True
+    """After training, standardise the scores on the training pairs' responses (mean and std stored in
+    the model's config.json), so PPO's KL coefficient sees a predictable scale."""
     add_special_tokens: bool = True
+    """Let the tokenizer add its special tokens (e.g. a BOS) to the prompt, as the PPO rollout's
+    tokenizer call does."""
 
 
 def build_reward_model_from_policy_config(
@@ -235,11 +254,13 @@ def train_reward_model(
     eval_rows: RowsLike | None = None,
     reference_rows: RowsLike | None = None,
     log_fn: Callable[[dict], None] | None = None,
+    seed: int = 0,
 ) -> dict:
     """Train ``model`` in place on pairs (columns ``prompt``, ``chosen``, ``rejected``); returns metrics.
 
     Loss: ``-log σ(r(chosen) - r(rejected))`` on raw scores, mean over pairs. Held-out pairs are
-    ``eval_rows`` if given, else a seeded ``heldout_fraction`` of ``rows``. With ``cfg.normalize`` the
+    ``eval_rows`` if given, else a ``heldout_fraction`` of ``rows`` (``seed`` decides the split, the
+    batch order and torch's RNG). With ``cfg.normalize`` the
     reference set is ``reference_rows`` (columns ``prompt``, ``response``) if given, else the chosen
     and rejected sides of the training pairs. ``output_dir`` gets ``save_pretrained`` model and
     tokenizer and ``rm_metrics.json``. The model's train/eval mode is restored on return.
@@ -250,12 +271,13 @@ def train_reward_model(
     ``wall_time_s``.
     """
     cfg = cfg or RMConfig()
+    check_stage_config(cfg, "rm")
     cols = ("prompt", "chosen", "rejected")
     rows = load_rows(rows, cols, name="preference data")
     if eval_rows is not None:
         train_rows, held_rows = rows, load_rows(eval_rows, cols, name="preference eval data")
     else:
-        train_rows, held_rows = split_rows(rows, cfg.heldout_fraction, cfg.seed)
+        train_rows, held_rows = split_rows(rows, cfg.heldout_fraction, seed)
     if getattr(model.config, "num_labels", 1) != 1:
         raise InputError(f"the reward model needs num_labels=1, got {model.config.num_labels}")
     pad_id = _pad_id(tokenizer)
@@ -267,15 +289,15 @@ def train_reward_model(
     n_steps = total_steps(len(train_pairs), cfg.batch_size, cfg.epochs, cfg.max_steps)
 
     was_training = model.training
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(seed)
     before = evaluate_pairs(model, held_pairs, pad_id, cfg.eval_batch_size)
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
-    sched = make_scheduler(opt, cfg.lr_schedule, cfg.warmup_steps, n_steps)
+    sched = make_scheduler(opt, cfg.schedule, cfg.warmup_steps, n_steps)
     model.train()
     losses: list[float] = []
     accs: list[float] = []
     t0 = time.perf_counter()
-    for step, idx in enumerate(batch_indices(len(train_pairs), cfg.batch_size, n_steps, cfg.seed), start=1):
+    for step, idx in enumerate(batch_indices(len(train_pairs), cfg.batch_size, n_steps, seed), start=1):
         rc, rr = _pair_scores(model, [train_pairs[i] for i in idx], pad_id)
         loss = -F.logsigmoid(rc - rr).mean()
         grad_norm = optimizer_step(model, opt, sched, loss, cfg.max_grad_norm, what="reward-model", step=step)
@@ -327,6 +349,7 @@ def train_reward_model(
         "n_heldout": len(held_pairs),
         "n_skipped_too_long": skipped + held_skipped,
         "wall_time_s": wall,
+        "seed": seed,
         "config": asdict(cfg),
     }
     if output_dir is not None:

@@ -12,12 +12,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from ._common import (
     batch_indices,
+    check_stage_config,
     make_optimizer,
     make_scheduler,
     model_device,
@@ -35,22 +37,36 @@ IGNORE_INDEX = -100
 
 @dataclass
 class SFTConfig:
-    """Settings of :func:`train_sft`. ``max_steps``, when set, overrides ``epochs``."""
+    """Settings of the SFT stage (train_sft). max_steps, when set, overrides epochs."""
 
     lr: float = 1e-4
+    """AdamW learning rate (the schedule's peak)."""
     epochs: int = 1
+    """Passes over the training rows (unless max_steps is set)."""
     max_steps: int | None = None
+    """Optimiser steps to take; None: epochs decide."""
     batch_size: int = 16
+    """Rows per optimiser step."""
     eval_batch_size: int = 64
-    max_length: int = 512  # prompt + response + EOS; longer rows are skipped, not truncated
-    heldout_fraction: float = 0.1  # used only when no eval_rows are given
-    seed: int = 0
+    """Rows per forward pass of the held-out evaluation."""
+    max_length: int = 512
+    """Longest prompt + response + EOS in tokens; longer rows are skipped, not truncated."""
+    heldout_fraction: float = 0.1
+    """Share of the rows held out for the before/after loss, whole prompts at a time, in [0, 1); used
+    only without eval_data."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay (biases and norm weights exempt); 0 = none."""
     warmup_steps: int = 0
-    lr_schedule: str = "constant"  # constant | linear | cosine
+    """Linear learning-rate warm-up from 0, in optimiser steps; 0 = none."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after the warm-up: constant, or linear/cosine decay to 0 at the last step."""
     max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this; None or 0 = no clipping."""
     log_every: int = 10
-    add_special_tokens: bool = True  # for the prompt, as the rollout's tokenizer call would
+    """Print a progress line (loss, lr, step/total) every this many steps and at the last; 0 = never."""
+    add_special_tokens: bool = True
+    """Let the tokenizer add its special tokens (e.g. a BOS) to the prompt, as the PPO rollout's
+    tokenizer call does."""
 
 
 def build_sft_example(
@@ -129,23 +145,25 @@ def train_sft(
     output_dir=None,
     eval_rows: RowsLike | None = None,
     log_fn: Callable[[dict], None] | None = None,
+    seed: int = 0,
 ) -> dict:
     """Fine-tune ``model`` in place on ``rows`` (columns ``prompt``, ``response``); returns metrics.
 
     ``rows`` is anything :func:`~ppo_lm.stages.data.load_rows` accepts. Held-out rows are ``eval_rows``
-    if given, else a seeded ``heldout_fraction`` of ``rows``. ``log_fn`` gets a dict every
-    ``log_every`` steps. With ``output_dir`` the model and tokenizer are ``save_pretrained`` there,
+    if given, else a seeded ``heldout_fraction`` of ``rows``. ``seed`` decides the held-out split, the
+    batch order and torch's RNG (dropout). ``log_fn`` gets a dict every ``log_every`` steps. With ``output_dir`` the model and tokenizer are ``save_pretrained`` there,
     with ``sft_metrics.json``. The model's train/eval mode is restored on return.
 
     Metrics: ``train_loss`` (per step), ``heldout_loss_before``/``after`` (response-token NLL),
     ``steps``, ``n_train``, ``n_heldout``, ``n_skipped_too_long``, ``train_tokens``, ``wall_time_s``.
     """
     cfg = cfg or SFTConfig()
+    check_stage_config(cfg, "sft")
     rows = load_rows(rows, ("prompt", "response"), name="sft data")
     if eval_rows is not None:
         train_rows, held_rows = rows, load_rows(eval_rows, ("prompt", "response"), name="sft eval data")
     else:
-        train_rows, held_rows = split_rows(rows, cfg.heldout_fraction, cfg.seed)
+        train_rows, held_rows = split_rows(rows, cfg.heldout_fraction, seed)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     train_ex, skipped = _encode_rows(tokenizer, train_rows, cfg)
@@ -156,16 +174,16 @@ def train_sft(
 
     was_training = model.training
     device = model_device(model)
-    torch.manual_seed(cfg.seed)  # dropout, if the model has any
+    torch.manual_seed(seed)  # dropout, if the model has any
     heldout_before = evaluate_sft_loss(model, held_ex, pad_id, cfg.eval_batch_size)
 
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
-    sched = make_scheduler(opt, cfg.lr_schedule, cfg.warmup_steps, n_steps)
+    sched = make_scheduler(opt, cfg.schedule, cfg.warmup_steps, n_steps)
     model.train()
     losses: list[float] = []
     tokens = 0
     t0 = time.perf_counter()
-    for step, idx in enumerate(batch_indices(len(train_ex), cfg.batch_size, n_steps, cfg.seed), start=1):
+    for step, idx in enumerate(batch_indices(len(train_ex), cfg.batch_size, n_steps, seed), start=1):
         batch = {k: v.to(device) for k, v in collate_sft([train_ex[i] for i in idx], pad_id).items()}
         loss, n_tok = sft_loss(model, batch)
         grad_norm = optimizer_step(model, opt, sched, loss, cfg.max_grad_norm, what="SFT", step=step)
@@ -191,6 +209,7 @@ def train_sft(
         "n_skipped_too_long": skipped + held_skipped,
         "train_tokens": tokens,
         "wall_time_s": wall,
+        "seed": seed,
         "config": asdict(cfg),
     }
     if output_dir is not None:

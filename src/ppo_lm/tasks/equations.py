@@ -266,23 +266,44 @@ def verify(
 # ----------------------------------------------------------------------------------------------
 
 
+def _byte_level(text: str) -> str:
+    """``text`` in the byte-level alphabet of GPT-2-style tokenizers: each UTF-8 byte one printable
+    character (space → "Ġ", newline → "Ċ"; printable ASCII stays itself): GPT-2's table, printable
+    bytes map to themselves and the others, in order, to U+0100 onwards."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    table = {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+    return "".join(table[b] for b in text.encode("utf-8"))
+
+
 def build_tokenizer(model_max_length: int = 512):
     """Character-level ``PreTrainedTokenizerFast`` built offline; one token per character.
 
-    Ids: ``<pad>``=0, ``<eos>``=1, ``<bos>``=2, ``<unk>``=3, then :data:`CHARACTERS`. No special
-    tokens are added on encode (prompts are plain text; responses end with EOS by generation).
-    ``decode(encode(s)) == s`` for any ``s`` over :data:`CHARACTERS`: the ``Fuse`` decoder joins
-    tokens without the spaces the default decoder would insert. ``padding_side="left"`` because
-    generation continues from the right end of the prompt.
+    Ids: ``<pad>``=0, ``<eos>``=1, ``<bos>``=2, ``<unk>``=3, then :data:`CHARACTERS` (a character
+    outside them is ``<unk>``). No special tokens are added on encode (prompts are plain text;
+    responses end with EOS by generation). ``decode(encode(s)) == s`` for any ``s`` over
+    :data:`CHARACTERS`. ``padding_side="left"`` because generation continues from the right end of
+    the prompt.
+
+    The pipeline is the one transformers' ``Qwen2Tokenizer`` rebuilds around a saved vocabulary —
+    NFC, one pre-token per character, byte-level symbols (a space is the token "Ġ", a newline "Ċ"),
+    byte-level decoding — because ``AutoTokenizer.from_pretrained`` of a saved built-in checkpoint
+    (a Qwen2 ``config.json``) picks that class whatever ``tokenizer_config.json`` declares, and keeps
+    only the vocabulary: plain characters as tokens would lose every space and newline there. So a
+    checkpoint loads with the same ids through ``AutoTokenizer`` (except that a character outside
+    :data:`CHARACTERS` is dropped there, not ``<unk>``).
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(list(SPECIAL_TOKENS) + list(CHARACTERS))}
+    vocab = {tok: i for i, tok in enumerate(list(SPECIAL_TOKENS) + [_byte_level(c) for c in CHARACTERS])}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
-    # [\s\S] rather than "." so newlines are isolated too.
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated"),  # [\s\S] rather than ".": newlines too
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    backend.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,

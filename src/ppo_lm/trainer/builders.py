@@ -94,6 +94,18 @@ def generation_stop_ids(lm: nn.Module) -> list[int]:
     return [int(eos)] if isinstance(eos, int) else [int(i) for i in eos]
 
 
+def single_token_id(tok, text: str, field: str) -> int:
+    """The id of ``text`` as one token: a vocabulary entry (``<|im_end|>``), or text that encodes to
+    exactly one token (``"\\n"``, which byte-level vocabularies store as ``Ċ``)."""
+    tid = tok.convert_tokens_to_ids(text)
+    if tid is None or tid == tok.unk_token_id:
+        ids = tok.encode(text, add_special_tokens=False)
+        tid = ids[0] if len(ids) == 1 else None
+    if tid is None:
+        raise ConfigError(f"`{field}`: {text!r} is not a single token of the tokenizer")
+    return int(tid)
+
+
 def ensure_pad_token(tok, stop_ids: list[int] = ()) -> None:
     """Give ``tok`` a pad token that no stop token shares. Most instruct models set pad = EOS; then
     a special token that is not a stop token, not BOS, and not written by the chat template is taken

@@ -100,10 +100,7 @@ class PPOTrainer:
         # the pad token must be none of them (padding is masked by id).
         stop_ids = [self.tokenizer.eos_token_id, *builders.generation_stop_ids(policy_lm)]
         for s in cfg.rollout.stop_tokens:
-            tid = self.tokenizer.convert_tokens_to_ids(s)
-            if tid is None or tid == self.tokenizer.unk_token_id:
-                raise ConfigError(f"`rollout.stop_tokens`: {s!r} is not a single token of the tokenizer")
-            stop_ids.append(tid)
+            stop_ids.append(builders.single_token_id(self.tokenizer, s, "rollout.stop_tokens"))
         stop_ids = list(dict.fromkeys(stop_ids))
         builders.ensure_pad_token(self.tokenizer, stop_ids)
 
