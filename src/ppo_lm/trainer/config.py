@@ -20,8 +20,8 @@ class ModelConfig:
     """Set the tokenizer's pad token to this existing token when it has none (or pad == eos)."""
     reward: str = "builtin:equations"
     """The reward: 'builtin:equations' (the equation verifier), 'module:function' or
-    'path/to/file.py:function' (a Python verifier ``f(prompts, responses, **columns) -> scores``), or a
-    path to a one-label AutoModelForSequenceClassification (e.g. the output of ``ppo-lm rm``). Several,
+    'path/to/file.py:function' (a Python verifier `f(prompts, responses, **columns) -> scores`), or a
+    path to a one-label AutoModelForSequenceClassification (e.g. the output of `ppo-lm rm`). Several,
     separated by commas: the score is their weighted sum, and each is logged as score/<name>."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per reward of `model.reward`, in order; empty = 1 for each."""
@@ -94,7 +94,7 @@ class DataConfig:
 @dataclass
 class RolloutConfig:
     num_prompts: int = 32
-    """Prompts per iteration over all ranks; each is sampled ``samples_per_prompt`` times."""
+    """Prompts per iteration over all ranks; each is sampled `samples_per_prompt` times."""
     samples_per_prompt: int = 1
     """Responses sampled per prompt: the group of grpo, dr_grpo and rloo (which need >= 2). An iteration
     has num_prompts × samples_per_prompt episodes."""
