@@ -7,9 +7,10 @@ V(x_t) and log π(y_t | x_t) come from the same positions P − 1 … P + T − 
 V(x_{T+1}) for the bootstrap of truncated responses.
 
 Both modules run only the transformer body plus their head on the response positions, so the
-vocabulary projection is never computed for prompt tokens. Qwen2/Llama bodies go through the lean
-forward of :mod:`.lean` (same results; its last layer also skips the prompt positions), on packed
-sequences when the batch is mostly padding (:mod:`.packing`).
+vocabulary projection is never computed for prompt tokens. Bodies the lean forward of :mod:`.lean`
+supports (Llama, Qwen2, Qwen3, Mistral, Phi-3) go through it (same results; its last layer also skips
+the prompt positions), on packed sequences when the batch is mostly padding (:mod:`.packing`); others
+(the Gemma family among them) through their own forward.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def packs_sequences(model: nn.Module) -> bool:
 
 def _hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, keep_from: int = 0) -> Tensor:
     """Final hidden states (B, L − keep_from, d) of positions keep_from … L − 1 (zeros at pads when
-    the batch runs packed: Qwen2/Llama bodies pack the real tokens when that saves ≥ 20 % of the
+    the batch runs packed: lean-path bodies pack the real tokens when that saves ≥ 20 % of the
     positions, see :mod:`.packing`)."""
     lean_path = lean.supported(body)
     plan = plan_packing(attention_mask) if lean_path and PACKING else None
@@ -71,7 +72,8 @@ def check_output_head(lm: nn.Module) -> None:
     """Raise ``ValueError`` unless :func:`output_logits` on the body's hidden states reproduces the
     model's own logits (probed on 4 tokens): an architecture whose forward changes its logits in a
     way ppo-lm does not know would otherwise train on log-probs of another distribution than the one
-    it samples. Qwen2/Llama bodies (the lean forward) need no probe."""
+    it samples. Lean-path bodies (:func:`lean.supported`: architectures without such a transform) need no
+    probe."""
     body = trunk(lm)
     if lean.supported(body) or any(p.is_meta for p in lm.parameters()):
         return

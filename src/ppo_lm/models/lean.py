@@ -1,5 +1,5 @@
-"""Lean forward passes for Llama-family decoders (Qwen2, Llama): the same math as transformers' sdpa
-path, without its per-call overhead, and with work the PPO loop never reads left out.
+"""Lean forward passes for Llama-family decoders (Llama, Qwen2, Qwen3, Mistral, Phi-3): the same math as
+transformers' sdpa path, without its per-call overhead, and with work the PPO loop never reads left out.
 
 What differs from ``model(input_ids, attention_mask, position_ids)`` — the results do not (tests check
 log-probs and values against the plain transformers forward within 1e-5):
@@ -7,7 +7,8 @@ log-probs and values against the plain transformers forward within 1e-5):
 * q/k/v projections run as one matmul (weights concatenated per call, so the gradients still
   reach the original parameters), and so do gate/up when decoding with :func:`fused_weights`;
 * RoPE is applied to q and k in one pass, from a cos/sin table built once by the model's own
-  rotary module;
+  rotary module (so ``rope_scaling`` — linear, llama3, yarn, longrope — and Phi-3's partial rotary come
+  out as transformers computes them);
 * no per-row (B, 1, L, L) mask when no row is left-padded: trailing padding cannot reach a valid
   query under a causal mask, so one shared causal pattern is exact for every position that is read;
 * attention is ``scaled_dot_product_attention`` (its fused CPU kernel avoids materialising the
@@ -25,8 +26,14 @@ log-probs and values against the plain transformers forward within 1e-5):
 * RMSNorm, RoPE and SwiGLU come from :mod:`ppo_lm.models.kernels` (fused by ``torch.compile`` when
   the trainer enables it).
 
-:func:`supported` decides per model; anything it does not recognise (other architectures, rope
-scaling, sliding windows, LoRA-wrapped projections, gradient checkpointing) takes the transformers path.
+Per-family pieces, each exactly as transformers computes it: Qwen3's RMSNorm of q and k per head before
+RoPE; Phi-3's fused ``qkv_proj`` / ``gate_up_proj``; sliding-window layers (Mistral, Phi-3, Qwen2/3 with
+``use_sliding_window``) get a banded mask once a row is longer than the window (by column index, as
+transformers' cache positions; real tokens are contiguous in padded and packed rows alike).
+
+:func:`supported` decides per model; anything it does not recognise (other architectures — the Gemma
+family with its embedding scale, (1 + w) norms, GELU and soft-capping among them —, dynamic-NTK RoPE,
+LoRA-wrapped projections, gradient checkpointing, dropout in training mode) takes the transformers path.
 """
 
 from __future__ import annotations
@@ -39,7 +46,15 @@ from torch import Tensor, nn
 
 from . import kernels
 
-_TYPES = ("qwen2", "llama")
+_TYPES = ("qwen2", "llama", "qwen3", "mistral", "phi3")
+# RoPE types whose frequencies are fixed by the config; "longrope" picks its short or long factors per
+# call from the longest position (the lean forward builds its table the same way, see :func:`rope_fits`).
+# "dynamic" (NTK) rescales from the history of calls, which a table built once would not follow.
+_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+_QK_NORM = ("qwen3",)  # RMSNorm of each query/key head before RoPE
+_ALL_LAYERS_WINDOW = ("mistral", "phi3")  # config.sliding_window (when set) applies to every layer
+# Config keys that ``actor_critic.output_logits`` applies to the logits (the lean decoder does not).
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logits_scaling")
 
 
 def _onednn_linear_op():
@@ -104,7 +119,42 @@ def head(module: nn.Module, h: Tensor) -> Tensor:
 
 def _rope_type(config) -> str:
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    return params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "other"
+    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
+        return "other"  # per-layer-type RoPE (Gemma 3) or something unknown
+    return params.get("rope_type", params.get("type", "default"))
+
+
+def _windows(config, n_layers: int) -> list[int | None] | None:
+    """Per layer, the sliding-window size transformers applies (None: full attention); None when the
+    config names a layer type the lean forward does not implement."""
+    window = getattr(config, "sliding_window", None)
+    if config.model_type in _ALL_LAYERS_WINDOW:
+        return [window] * n_layers
+    types = getattr(config, "layer_types", None) or ["full_attention"] * n_layers
+    if config.model_type == "llama":  # LlamaModel has no sliding layers
+        return [None] * n_layers if all(t == "full_attention" for t in types) else None
+    if len(types) != n_layers or any(t not in ("full_attention", "sliding_attention") for t in types):
+        return None
+    return [window if t == "sliding_attention" else None for t in types]
+
+
+def _heads(a: nn.Module) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head dim) of an attention module (separate or fused q/k/v)."""
+    hd = a.head_dim
+    fused = a._modules.get("qkv_proj")
+    if fused is None:
+        return a.q_proj.out_features // hd, a.k_proj.out_features // hd, hd
+    n_q = a.o_proj.in_features // hd
+    return n_q, (fused.out_features // hd - n_q) // 2, hd
+
+
+def _qkv(a: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """The q‖k‖v weight and bias of an attention module: Phi-3's ``qkv_proj`` as it is, else the three
+    projections concatenated (per call, so gradients reach them)."""
+    fused = a._modules.get("qkv_proj")
+    if fused is not None:
+        return fused.weight, fused.bias
+    return _fused([a.q_proj, a.k_proj, a.v_proj])
 
 
 def _is_dtensor(t: Tensor) -> bool:
@@ -112,32 +162,58 @@ def _is_dtensor(t: Tensor) -> bool:
 
 
 def supported(body: nn.Module) -> bool:
-    """True when ``body`` (a Qwen2Model/LlamaModel) can run through the lean path exactly."""
+    """True when ``body`` (a LlamaModel, Qwen2Model, Qwen3Model, MistralModel or Phi3Model) can run
+    through the lean path exactly."""
     cfg = getattr(body, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in _TYPES or not hasattr(body, "layers"):
         return False
     if getattr(body, "gradient_checkpointing", False) or getattr(cfg, "hidden_act", None) != "silu":
         return False
-    if _rope_type(cfg) != "default" or getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+    if _rope_type(cfg) not in _ROPE_TYPES or getattr(cfg, "pretraining_tp", 1) not in (None, 1):
         return False
-    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
+    if _windows(cfg, len(body.layers)) is None:
         return False
+    if any(getattr(cfg, k, None) for k in _LOGIT_TRANSFORMS):
+        return False  # (stray keys these architectures ignore: the output-head probe of the policy decides)
     if getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "eager", None):
         return False
     if type(getattr(body, "embed_tokens", None)) is not nn.Embedding or not hasattr(body, "rotary_emb"):
         return False
+    qk_norm = cfg.model_type in _QK_NORM
     for layer in body.layers:
         a, m = layer.self_attn, layer.mlp
-        if _is_dtensor(a.q_proj.weight):  # FSDP-sharded: only the layer's own forward gathers it
+        fused_qkv, fused_mlp = a._modules.get("qkv_proj"), m._modules.get("gate_up_proj")
+        qkv = [fused_qkv] if fused_qkv is not None else [a.q_proj, a.k_proj, a.v_proj]
+        gate_up = [fused_mlp] if fused_mlp is not None else [m.gate_proj, m.up_proj]
+        if _is_dtensor(qkv[0].weight):  # FSDP-sharded: only the layer's own forward gathers it
             return False
-        linears = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
-        if any(type(x) is not nn.Linear for x in linears) or m.gate_proj.bias is not None or m.up_proj.bias is not None:
+        linears = [*qkv, a.o_proj, *gate_up, m.down_proj]
+        if any(type(x) is not nn.Linear for x in linears) or any(x.bias is not None for x in gate_up):
             return False
-        if len({x.bias is None for x in linears[:3]}) != 1:
+        if len({x.bias is None for x in qkv}) != 1:
             return False
-        if body.training and getattr(a, "attention_dropout", 0.0):
+        norms = [a._modules.get("q_norm"), a._modules.get("k_norm")]
+        if qk_norm:
+            if not all(x is not None and hasattr(x, "variance_epsilon") for x in norms):
+                return False
+        elif any(x is not None for x in norms):
+            return False
+        if body.training and (getattr(a, "attention_dropout", 0.0) or any(
+                isinstance(x, nn.Dropout) and x.p > 0 for x in layer.modules())):
             return False
     return True
+
+
+def rope_fits(body: nn.Module, length: int) -> bool:
+    """Whether one RoPE table for positions 0 … ``length`` − 1 gives what transformers computes at every
+    decode step up to that length: always, except for longrope past its original context (transformers
+    switches from the short to the long factors mid-sequence there)."""
+    cfg = body.config
+    if _rope_type(cfg) != "longrope":
+        return True
+    params = getattr(cfg, "rope_parameters", None) or {}
+    original = params.get("original_max_position_embeddings") or getattr(cfg, "original_max_position_embeddings", 0)
+    return length <= int(original or 0)
 
 
 def _rms(x: Tensor, norm: nn.Module) -> Tensor:
@@ -145,7 +221,8 @@ def _rms(x: Tensor, norm: nn.Module) -> Tensor:
 
 
 def rope_table(body: nn.Module, length: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
-    """cos, sin (length, hd) for positions 0 … length−1, from the model's own rotary module."""
+    """cos, sin (length, rd) for positions 0 … length−1, from the model's own rotary module (rd: the
+    rotated dims, the head dim unless the rotary is partial)."""
     pos = torch.arange(length, device=device).unsqueeze(0)
     cos, sin = body.rotary_emb(torch.empty(0, dtype=dtype, device=device), pos)
     return cos[0], sin[0]
@@ -155,9 +232,8 @@ class KVBuffers:
     """Preallocated keys/values per layer: (N, kv_heads, capacity, hd); ``select`` drops finished rows."""
 
     def __init__(self, body: nn.Module, batch: int, capacity: int, dtype: torch.dtype, device):
-        a = body.layers[0].self_attn
-        kv_heads = a.k_proj.out_features // a.head_dim
-        shape = (batch, kv_heads, capacity, a.head_dim)
+        _, kv_heads, hd = _heads(body.layers[0].self_attn)
+        shape = (batch, kv_heads, capacity, hd)
         self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in body.layers]
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in body.layers]
 
@@ -177,8 +253,21 @@ def fused_weights(body: nn.Module) -> list[tuple]:
     while the weights do not change. Training forwards concatenate per call instead, so gradients
     reach the parameters."""
     with torch.no_grad():
-        return [(*_fused([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
-                 _fused([layer.mlp.gate_proj, layer.mlp.up_proj])[0]) for layer in body.layers]
+        out = []
+        for layer in body.layers:
+            gate_up = layer.mlp._modules.get("gate_up_proj")
+            w_gu = gate_up.weight if gate_up is not None else _fused([layer.mlp.gate_proj, layer.mlp.up_proj])[0]
+            out.append((*_qkv(layer.self_attn), w_gu))
+        return out
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE on the first cos.shape[-1] dims of each head of x (B, L, heads, hd); the rest pass through
+    (partial rotary, Phi-3's ``partial_rotary_factor``)."""
+    rd = cos.shape[-1]
+    if rd == x.shape[-1]:
+        return kernels.rotate(x, cos, sin)
+    return torch.cat([kernels.rotate(x[..., :rd], cos, sin), x[..., rd:]], dim=-1)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, plain_causal: bool, scale: float) -> Tensor:
@@ -264,40 +353,61 @@ def forward_hidden(
     # (single new query over real keys: no mask at all)
 
     n = len(body.layers)
+    # Sliding-window layers: a window only changes anything once a query is ≥ window columns past a key.
+    windows = [w if w is not None and w < total else None for w in _windows(body.config, n)]
+    masks = {None: (mask, causal)}  # window → (mask, causal) of its layers
+    for w in set(windows) - {None}:
+        near = k_pos[None, :] > q_pos[:, None] - w  # (L, total), transformers' sliding_window_overlay
+        base = mask if mask is not None else (causal if causal is not None else near).view(1, 1, L, total)
+        masks[w] = ((base & near).expand(B, 1, L, total), None)
+
     for i, layer in enumerate(body.layers):
         a, m = layer.self_attn, layer.mlp
-        hd = a.head_dim
-        n_q, n_kv = a.q_proj.out_features // hd, a.k_proj.out_features // hd
+        n_q, n_kv, hd = _heads(a)
+        q_norm = a._modules.get("q_norm")
         last = i == n - 1
         cut = keep_from if last else 0  # queries before `cut` are never read after this layer
         pick = keep_index if last else None
+        mask_i, causal_i = masks[windows[i]]
 
         residual = _queries(h, cut, pick)
         x = _rms(h, layer.input_layernorm)
         if cut or pick is not None:
-            w, b = _fused([a.k_proj, a.v_proj])
+            if "qkv_proj" in a._modules:
+                w, b = a.qkv_proj.weight, a.qkv_proj.bias
+                wq, bq = w[: n_q * hd], None if b is None else b[: n_q * hd]
+                w, b = w[n_q * hd :], None if b is None else b[n_q * hd :]
+            else:
+                wq, bq = a.q_proj.weight, a.q_proj.bias
+                w, b = _fused([a.k_proj, a.v_proj])
             kv = linear(x, w, b).view(B, L, 2 * n_kv, hd)
             k, v = kv.split([n_kv, n_kv], dim=2)  # split (not slicing): its backward is one cat
             xq = _queries(x, cut, pick)
-            q = _proj(a.q_proj, xq).view(B, xq.shape[1], n_q, hd)
-            q = kernels.rotate(q, _queries(cos, cut, pick), _queries(sin, cut, pick))
-            k = kernels.rotate(k, cos, sin)
+            q = linear(xq, wq, bq).view(B, xq.shape[1], n_q, hd)
+            if q_norm is not None:
+                q, k = _rms(q, q_norm), _rms(k, a.k_norm)
+            q = _rotate(q, _queries(cos, cut, pick), _queries(sin, cut, pick))
+            k = _rotate(k, cos, sin)
         else:
-            w, b = weights[i][:2] if weights is not None else _fused([a.q_proj, a.k_proj, a.v_proj])
+            w, b = weights[i][:2] if weights is not None else _qkv(a)
             qkv = linear(x, w, b).view(B, L, n_q + 2 * n_kv, hd)
-            qk, v = qkv.split([n_q + n_kv, n_kv], dim=2)
-            q, k = kernels.rotate(qk, cos, sin).split([n_q, n_kv], dim=2)
+            if q_norm is None:
+                qk, v = qkv.split([n_q + n_kv, n_kv], dim=2)
+                q, k = _rotate(qk, cos, sin).split([n_q, n_kv], dim=2)
+            else:
+                q, k, v = qkv.split([n_q, n_kv, n_kv], dim=2)
+                q, k = _rotate(_rms(q, q_norm), cos, sin), _rotate(_rms(k, a.k_norm), cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             cache.k[i][:, :, cache_pos:total] = k
             cache.v[i][:, :, cache_pos:total] = v
             k, v = cache.k[i][:, :, :total], cache.v[i][:, :, :total]
-        if mask is not None:  # (B, 1, L, total): its query rows, selected along dim 1 of (B, L, 1, total)
-            out = _attend(q, k, v, _queries(mask.transpose(1, 2), cut, pick).transpose(1, 2), False, a.scaling)
-        elif causal is not None and pick is not None:
-            out = _attend(q, k, v, _queries(causal.expand(B, -1, -1), cut, pick).unsqueeze(1), False, a.scaling)
-        elif causal is not None:
-            out = _attend(q, k, v, causal[cut:].view(1, 1, L - cut, total), not cut, a.scaling)
+        if mask_i is not None:  # (B, 1, L, total): its query rows, selected along dim 1 of (B, L, 1, total)
+            out = _attend(q, k, v, _queries(mask_i.transpose(1, 2), cut, pick).transpose(1, 2), False, a.scaling)
+        elif causal_i is not None and pick is not None:
+            out = _attend(q, k, v, _queries(causal_i.expand(B, -1, -1), cut, pick).unsqueeze(1), False, a.scaling)
+        elif causal_i is not None:
+            out = _attend(q, k, v, causal_i[cut:].view(1, 1, L - cut, total), not cut, a.scaling)
         else:
             out = _attend(q, k, v, None, False, a.scaling)
         out = out.transpose(1, 2).reshape(B, -1, n_q * hd)
@@ -305,6 +415,8 @@ def forward_hidden(
         x = _rms(h, layer.post_attention_layernorm)
         if weights is not None:
             gate, up = linear(x, weights[i][2]).chunk(2, dim=-1)
+        elif "gate_up_proj" in m._modules:  # Phi-3: one fused projection, gate then up
+            gate, up = _proj(m.gate_up_proj, x).chunk(2, dim=-1)
         else:  # with autograd, a fused gate/up would cost a weight cat and a (B, L, 2f) gradient cat
             gate, up = _proj(m.gate_proj, x), _proj(m.up_proj, x)
         h = h + _proj(m.down_proj, kernels.swiglu(gate, up))

@@ -3,9 +3,9 @@
 One prefill over the left-padded prompts, then one single-token forward per step with a KV cache.
 Sequences that stop leave the decode batch (their cache rows are dropped, in steps of
 :data:`DECODE_ROWS_STEP` rows), so the cost of a step follows the number of still-running sequences,
-not the batch size. Qwen2/Llama models decode through
-the lean path of :mod:`ppo_lm.models.lean` (preallocated KV buffers, no per-step mask building);
-other architectures through their own forward and a transformers cache.
+not the batch size. Models the lean path of :mod:`ppo_lm.models.lean` supports (Llama, Qwen2, Qwen3,
+Mistral, Phi-3) decode through it (preallocated KV buffers, no per-step mask building); other
+architectures (the Gemma family among them) through their own forward and a transformers cache.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class _HFDecoder:
 
 
 class _LeanDecoder:
-    """Qwen2/Llama decoding through :mod:`ppo_lm.models.lean`: preallocated key/value buffers, a RoPE
+    """Decoding through :mod:`ppo_lm.models.lean`: preallocated key/value buffers, a RoPE
     table and fused weights built once per call, no mask at all unless a prompt is left-padded."""
 
     def __init__(self, lm: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int):
@@ -174,8 +174,9 @@ def generate(
 ) -> Generation:
     """Sample responses for left-padded prompts (B, P) with a causal LM.
 
-    ``lean_path``: None = the lean Qwen2/Llama decoder when the model supports it, else transformers'
-    forward; False forces the transformers path (the two give the same logits within fp32 rounding).
+    ``lean_path``: None = the lean decoder when the model supports it (:func:`lean.supported`, and one
+    RoPE table fits the whole length: :func:`lean.rope_fits`), else transformers' forward; False forces
+    the transformers path (the two give the same logits within fp32 rounding).
     Returns a :class:`Generation` whose width T is the longest response (≤ ``max_new_tokens``).
     ``return_logprobs``: also the sampled tokens' log-probs under the policy's full distribution
     softmax(logits / temperature) (temperature 0 counts as 1) — before top-k/top-p filtering and the
@@ -192,7 +193,8 @@ def generate(
     temperature = params.temperature or 1.0
 
     if lean_path is None:
-        lean_path = lean.supported(trunk(lm))
+        body = trunk(lm)
+        lean_path = lean.supported(body) and lean.rope_fits(body, P + T)
     decoder = (_LeanDecoder if lean_path else _HFDecoder)(lm, prompt_ids, prompt_mask, T)
     logits = decoder.prefill()
     next_pos = prompt_mask.long().sum(-1)  # (B,) position id of the next token

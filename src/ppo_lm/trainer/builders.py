@@ -231,6 +231,18 @@ def build_gold_verifier(cfg: ModelConfig):
         raise ConfigError(str(e)) from None
 
 
+def critic_class(config):
+    """The Auto class of a separate critic for ``config``: token classification (one value per
+    position), or sequence classification where transformers has no token-classification head for
+    the architecture (e.g. Gemma 3 text); the critic reads its head at every position either way."""
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
+
+    if config.model_type in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
+        return AutoModelForTokenClassification
+    return AutoModelForSequenceClassification
+
+
 def build_critic(cfg: ModelConfig, policy_lm: nn.Module, reward_model: nn.Module | None) -> CriticModel:
     """Separate-body critic: a one-label token-classification model whose body comes from the reward
     model (InstructGPT), the policy, or a checkpoint; the head is the reward head or fresh."""
@@ -252,7 +264,7 @@ def build_critic(cfg: ModelConfig, policy_lm: nn.Module, reward_model: nn.Module
         config.num_labels = 1
         config.classifier_dropout = 0.0
         with torch.random.fork_rng(devices=[]):
-            model = AutoModelForTokenClassification.from_config(config, dtype=DTYPES[cfg.dtype])
+            model = critic_class(config).from_config(config, dtype=DTYPES[cfg.dtype])
         trunk(model).load_state_dict(trunk(donor).state_dict())
         head = scalar_head(model)
         with torch.no_grad():
