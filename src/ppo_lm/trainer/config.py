@@ -71,6 +71,9 @@ class ModelConfig:
 class DataConfig:
     prompts: str = "builtin:equations"
     """'builtin:equations', or a JSONL/Parquet file or saved `datasets` directory with a prompt column."""
+    split: str = "train"
+    """The split to read where the data has several (a `datasets` DatasetDict saved with save_to_disk, or
+    a directory of files per split such as train.jsonl / test.jsonl)."""
     prompt_column: str = "prompt"
     """Column of `data.prompts` that holds the prompt text; the other columns reach a verifier as keyword
     arguments. Must be 'prompt' with the built-in prompts."""
