@@ -1,15 +1,20 @@
-"""Where per-iteration diagnostics go: metrics.jsonl, samples.jsonl, TensorBoard, a progress bar."""
+"""Where per-iteration diagnostics go: metrics.jsonl, samples.jsonl, the experiment trackers of
+`log.report_to` (trackers.py), a progress bar."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .files import atomic_write_text
+from .trackers import Trackers
 
 TIMING_KEYS_SUFFIXES = ("_s", "_per_s")
 """Metrics ending so measure wall time; they are the only ones that differ between identical runs."""
@@ -59,23 +64,27 @@ def headline(metrics: dict[str, float]) -> str:
 
 
 class MetricsLogger:
-    """Appends one JSON object per iteration; mirrors to TensorBoard when installed; shows progress —
-    a bar on a terminal, plain flushed lines in a log file (``print_every``)."""
+    """Appends one JSON object per iteration; mirrors it to the experiment trackers of ``report_to``
+    (``None`` = TensorBoard only; ``tensorboard=False`` leaves TensorBoard out: the older switch,
+    `log.tensorboard`); shows progress — a bar on a terminal, plain flushed lines in a log file
+    (``print_every``). ``config``: the run's settings (a dict, or the config dataclass), recorded by
+    the trackers that keep hyperparameters; ``run_name`` None = the output directory's name."""
 
-    def __init__(self, output_dir: str | Path, *, tensorboard: bool = True, progress: bool = True, total: int = 0,
-                 print_every: int = 1, terminal: bool | None = None):
+    def __init__(self, output_dir: str | Path, *, report_to: Iterable[str] | None = None, run_name: str | None = None,
+                 config: Mapping[str, Any] | Any | None = None, tensorboard: bool = True, progress: bool = True,
+                 total: int = 0, print_every: int = 1, terminal: bool | None = None):
         self.dir = Path(output_dir)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
         self.total = total
-        self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
+        names = ["tensorboard"] if report_to is None else list(report_to)
+        if not tensorboard:
+            names = [n for n in names if n != "tensorboard"]
+        if config is not None and dataclasses.is_dataclass(config) and not isinstance(config, type):
+            from .config_io import to_dict
 
-                self.tb = SummaryWriter(str(self.dir / "tensorboard"))
-            except ImportError:
-                _tensorboard_missing_notice()
+            config = to_dict(config)
+        self.trackers = Trackers(names, run_name, self.dir, config, tensorboard_missing=_tensorboard_missing_notice)
         terminal = sys.stdout.isatty() if terminal is None else terminal
         self.print_every = print_every if progress and not terminal else 0
         self.progress = None
@@ -101,11 +110,7 @@ class MetricsLogger:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
-        if self.tb is not None:
-            for k, v in metrics.items():
-                if math.isfinite(float(v)):
-                    self.tb.add_scalar(k, float(v), iteration)
-            self.tb.flush()
+        self.trackers.log(iteration, metrics)  # NaN/inf left out there
         if self.progress:
             self.progress.update(self.task, completed=iteration, headline=headline(metrics))
             self.progress.refresh()
@@ -119,7 +124,8 @@ class MetricsLogger:
                 f.write(json.dumps({"iteration": iteration, **r}) + "\n")
 
     def close(self) -> None:
+        """Called from a ``finally``: a tracker that records it marks the run failed when an exception
+        is on its way."""
         if self.progress:
             self.progress.stop()
-        if self.tb is not None:
-            self.tb.close()
+        self.trackers.close()

@@ -341,6 +341,7 @@ class PPOTrainer:
         if dist.is_main():
             dump_yaml(self.config, self.output_dir / "config.yaml")
         logger = MetricsLogger(self.output_dir, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
+                               report_to=cfg.log.report_to, run_name=cfg.log.run_name, config=self.config,
                                total=cfg.iterations, print_every=cfg.log.print_every) if dist.is_main() else None
         history = []
         every = cfg.log.eval_every

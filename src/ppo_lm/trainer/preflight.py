@@ -20,6 +20,7 @@ from .checkpoint import list_checkpoints
 from .config import AlgoConfig, TrainConfig
 from .config_io import ConfigError, from_dict, load_saved_config, resume_differences, to_dict
 from .files import prepare_output_dir
+from .trackers import check_trackers
 from .validate import effective_algo, validate_config
 
 
@@ -45,6 +46,7 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     (or :class:`~ppo_lm.models.loading.ModelLoadError`) naming the setting and the fix. ``*_given``:
     that object comes from Python, so its setting is not checked."""
     validate_config(cfg, dist.world_size())
+    check_trackers(cfg.log.report_to)
     out = Path(cfg.output_dir)
     if dist.is_main():
         try:
