@@ -200,6 +200,17 @@ def test_a_raising_reward_shows_the_users_own_lines(tmp_path):
 
 
 def test_a_hub_id_offline_is_one_line(tmp_path, capsys, monkeypatch, no_model_loads):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from huggingface_hub import constants, file_download
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     err = _train(capsys, "--model.policy", "no-such-org-xyz/no-such-model", "--output-dir", str(tmp_path / "run"))
-    assert "is not a local path, and loading it as a Hugging Face Hub id failed" in err and "offline" in err
+    assert "is not a local path, and the Hugging Face Hub is switched off (HF_HUB_OFFLINE is set)" in err
+
+    def unreachable(*a, **k):  # what huggingface_hub raises when the network is down
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(file_download, "hf_hub_download", unreachable)
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", unreachable)
+    err = _train(capsys, "--model.policy", "no-such-org-xyz/no-such-model", "--output-dir", str(tmp_path / "run"))
+    assert "loading it as a Hugging Face Hub id failed (We couldn't connect" in err and "offline" in err

@@ -176,10 +176,17 @@ def is_hub_id(spec: str) -> bool:
 def _hub_config(repo_id: str, where: str) -> dict:
     """The ``config.json`` of a Hub model (downloaded and cached); a one-line error when the Hub cannot
     be reached or has no such model."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        raise ModelLoadError(
+            f"{where} is not a local path, and the Hugging Face Hub is switched off (HF_HUB_OFFLINE is set): "
+            "download the model where there is network (`huggingface-cli download ID --local-dir DIR`) and give "
+            "the directory, or unset HF_HUB_OFFLINE")
     try:
         from huggingface_hub import hf_hub_download
 
-        return json.loads(Path(hf_hub_download(repo_id, "config.json")).read_text())
+        return json.loads(Path(hf_hub_download(repo_id, "config.json", etag_timeout=5)).read_text())
     except Exception as e:  # noqa: BLE001 (offline, unknown id, gated model: all say the same to the user)
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise ModelLoadError(
