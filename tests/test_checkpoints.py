@@ -61,15 +61,28 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys, dam
     assert _iterations(run) == [1, 2, 3]  # iteration 2 was redone from checkpoint 1
 
 
-def test_every_checkpoint_damaged_is_a_one_line_error(tmp_path, capsys):
+def test_every_checkpoint_damaged_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    """Truncated files are found from the manifest's sizes before any model loads; a changed byte
+    (same size) by the checksums when resume reads the checkpoint."""
+    from ppo_lm.trainer import builders
+
     run, found = _two_checkpoints(tmp_path)
-    for _, path in found:
+    originals = {path: (path / "trainer_state.pt").read_bytes() for _, path in found}
+    for path in originals:
         (path / "trainer_state.pt").write_bytes(b"\0" * 10)
     capsys.readouterr()
+    with monkeypatch.context() as m:
+        m.setattr(builders, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
+        assert main(["train", "--output-dir", str(run), "--iterations", "3", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "no intact checkpoint" in err and "trainer_state.pt has 10 bytes, the manifest says" in err
+    assert "Traceback" not in err
+    for path, data in originals.items():  # same sizes, one byte changed
+        (path / "trainer_state.pt").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.warns(UserWarning):
         assert main(["train", "--output-dir", str(run), "--iterations", "3", "--resume"]) == 2
     err = capsys.readouterr().err
-    assert "no intact checkpoint" in err and "Traceback" not in err
+    assert "no intact checkpoint" in err and "does not match its checksum" in err and "Traceback" not in err
 
 
 class _Exploit:

@@ -16,10 +16,11 @@ from pathlib import Path
 from .. import distributed as dist
 from ..models.loading import check_model_dir, check_tokenizer_dir
 from . import builders
-from .checkpoint import list_checkpoints
+from .checkpoint import MANIFEST, list_checkpoints, verify
 from .config import AlgoConfig, TrainConfig
 from .config_io import ConfigError, from_dict, load_saved_config, resume_differences, to_dict
 from .files import prepare_output_dir
+from .state import DamagedCheckpointError
 from .trackers import check_trackers
 from .validate import effective_algo, validate_config
 
@@ -121,7 +122,21 @@ def _check_resume(cfg: TrainConfig, out: Path) -> bool:
         )
     if resuming:
         check_resume_config(cfg, out)
+        _check_some_checkpoint_is_whole(out)
     return resuming
+
+
+def _check_some_checkpoint_is_whole(out: Path) -> None:
+    """Before any model loads: at least one checkpoint has every file its manifest lists, at its size
+    (resume then verifies the checksums of the one it loads, and falls back past damaged ones). A
+    checkpoint without a manifest (an older ppo-lm's) counts as whole: its files are checked on load."""
+    problems = []
+    for _, path in reversed(list_checkpoints(out)):
+        if not (path / MANIFEST).exists() or (problem := verify(path, checksums=False)) is None:
+            return
+        problems.append(f"{path}: {problem}")
+    if problems:
+        raise DamagedCheckpointError("no intact checkpoint to resume from: " + "; ".join(problems))
 
 
 def check_resume_config(cfg: TrainConfig, out: Path) -> None:
