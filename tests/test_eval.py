@@ -92,3 +92,20 @@ def test_eval_settings_are_checked(tmp_path):
         PPOTrainer(_eval_cfg(tmp_path / "b", model__reward=rm))
     with pytest.raises(ConfigError, match="data.eval_prompts.*no such file"):
         PPOTrainer(tiny_config(tmp_path / "c", data__eval_prompts=str(tmp_path / "none.jsonl")))
+
+
+def test_training_and_held_out_prompts_from_the_splits_of_one_dataset(tmp_path):
+    """data.prompts and data.eval_prompts may name one DatasetDict: data.split trains, data.eval_split
+    evaluates."""
+    import datasets
+
+    train = [{"prompt": f"Solve x+{i}=9\n", "answer": str(9 - i)} for i in range(8)]
+    test = [{"prompt": f"Solve x+{i}=19\n", "answer": str(19 - i)} for i in range(4)]
+    d = tmp_path / "dd"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(train),
+                          "test": datasets.Dataset.from_list(test)}).save_to_disk(str(d))
+    tr = PPOTrainer(tiny_config(tmp_path / "run", data__prompts=str(d), data__eval_prompts=str(d)),
+                    verifier=count_sevens)
+    assert tr.prompt_rows == train and tr.eval_rows == test
+    with pytest.raises(ConfigError, match=r"has no split 'validation'; its splits: \['test', 'train'\]"):
+        PPOTrainer(tiny_config(tmp_path / "run2", data__prompts=str(d), data__split="validation"))

@@ -353,7 +353,7 @@ def test_demo_output_directory_problems(tmp_path, capsys, no_model_loads):
     (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
     (["--threads", "-2"], "--threads must be >= 0, got -2"),
     (["--cpu-lanes", "0"], "--cpu-lanes must be >= 1, got 0"),
-    (["--workload", "w3"], "argument --workload: invalid choice: 'w3'"),
+    (["--workload", "w9"], "argument --workload: invalid choice: 'w9'"),
     (["--iterations", "x"], "argument --iterations: invalid int value: 'x'"),
     (["--device", "tpu"], "--device: 'tpu' is not a device"),
     (["--bogus"], "unrecognized arguments: --bogus"),

@@ -61,9 +61,9 @@ def test_load_rows_from_list_jsonl_parquet_and_saved_dataset(tmp_path):
 def test_load_rows_errors(tmp_path):
     with pytest.raises(ValueError, match="no such file.*missing.jsonl"):
         load_rows(tmp_path / "missing.jsonl")
-    (tmp_path / "rows.csv").write_text("prompt\nhi\n")
-    with pytest.raises(ValueError, match=r"unknown extension '\.csv'"):
-        load_rows(tmp_path / "rows.csv")
+    (tmp_path / "rows.txt").write_text("prompt\nhi\n")
+    with pytest.raises(ValueError, match=r"unknown extension '\.txt'"):
+        load_rows(tmp_path / "rows.txt")
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ValueError, match="empty.jsonl is empty"):
         load_rows(tmp_path / "empty.jsonl")

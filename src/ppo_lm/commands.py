@@ -38,10 +38,18 @@ class SFTCommand:
     tokenizer: str | None = None
     """Tokenizer directory; None: the model's (or the built-in character tokenizer)."""
     data: str = "builtin:equations"
-    """JSONL or Parquet file, or a directory written by datasets' save_to_disk, with text columns
-    'prompt' and 'response'; or 'builtin:equations' (demonstrations of the equation task)."""
+    """A local JSONL, JSON, CSV, Parquet or Arrow file, a directory of such files or one written by
+    datasets' save_to_disk, with columns 'prompt' (text, or a list of {"role", "content"} chat messages,
+    rendered with the tokenizer's chat template) and 'response' (text, or a list of one assistant
+    message), or instead 'messages' (a conversation ending with the assistant turn to train on); or
+    'builtin:equations' (demonstrations of the equation task)."""
+    split: str = "train"
+    """The split of data to read where it has several (a saved DatasetDict, or a directory of files per
+    split such as train.jsonl / test.jsonl)."""
     eval_data: str | None = None
     """Held-out rows, in the same form as data; None: sft.heldout_fraction of data is held out."""
+    eval_split: str = "test"
+    """The split of eval_data to read where it has several."""
     builtin_demos: int = 4000
     """Built-in data only: number of demonstrations."""
     builtin_error_rate: float = 0.3
@@ -71,10 +79,18 @@ class RMCommand:
     tokenizer: str | None = None
     """Tokenizer directory; None: the model's (or the built-in character tokenizer)."""
     data: str = "builtin:equations"
-    """JSONL or Parquet file, or a directory written by datasets' save_to_disk, with text columns
-    'prompt', 'chosen' and 'rejected'; or 'builtin:equations' (pairs of the equation task)."""
+    """A local JSONL, JSON, CSV, Parquet or Arrow file, a directory of such files or one written by
+    datasets' save_to_disk, with columns 'prompt' (text, or a list of {"role", "content"} chat messages,
+    rendered with the tokenizer's chat template), 'chosen' and 'rejected' (text, or a list of one
+    assistant message each), or, without 'prompt', 'chosen' and 'rejected' conversations that differ
+    only in their last (assistant) turn; or 'builtin:equations' (pairs of the equation task)."""
+    split: str = "train"
+    """The split of data to read where it has several (a saved DatasetDict, or a directory of files per
+    split such as train.jsonl / test.jsonl)."""
     eval_data: str | None = None
     """Held-out pairs, in the same form as data; None: rm.heldout_fraction of data is held out."""
+    eval_split: str = "test"
+    """The split of eval_data to read where it has several."""
     builtin_pairs: int = 2000
     """Built-in data only: number of preference pairs."""
     builtin_hidden_size: int = 64
@@ -156,10 +172,23 @@ def _check_model_dirs(c: SFTCommand | RMCommand, stage: str) -> None:
             raise ModelLoadError(str(e).replace("set `model.tokenizer`", "set `tokenizer`")) from None
 
 
-def _rows(spec: str | None, columns: tuple[str, ...], field_name: str):
-    from .stages.data import load_rows
+def _rows(spec: str | None, stage: str, field_name: str, split: str):
+    """The rows of ``spec`` (None: None) as the stage reads them: SFT rows or preference pairs."""
+    from .stages.data import load_preference_rows, load_sft_rows
 
-    return None if spec is None else load_rows(spec, columns, name=f"`{field_name}`")
+    if spec is None:
+        return None
+    load = load_sft_rows if stage == "sft" else load_preference_rows
+    return load(spec, name=f"`{field_name}`", split=split)
+
+
+def _check_chat_template(tok, data: dict) -> None:
+    """Rows of chat messages need a tokenizer with a chat template (checked before the model loads)."""
+    from .stages.data import check_chat_template
+
+    for field_name, rows in data.items():
+        if rows is not None:
+            check_chat_template(tok, rows, f"`{field_name}`")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,18 +277,18 @@ def run_sft(c: SFTCommand) -> dict:
     _check_command(c, "sft")
     out = prepare_stage_output(c.output_dir, c.overwrite)
     _check_model_dirs(c, "sft")
-    cols = ("prompt", "response")
     if c.data == "builtin:equations":
         rows = sft_demonstrations(c.builtin_demos, seed=c.seed, error_rate=c.builtin_error_rate)
     else:
-        rows = _rows(c.data, cols, "data")
-    eval_rows = _rows(c.eval_data, cols, "eval_data")
+        rows = _rows(c.data, "sft", "data", c.split)
+    eval_rows = _rows(c.eval_data, "sft", "eval_data", c.eval_split)
 
     import torch
 
     if c.threads:
         torch.set_num_threads(c.threads)
     tok = _load_tokenizer(c)
+    _check_chat_template(tok, {"data": rows, "eval_data": eval_rows})
     model = _load_causal_lm(c, tok, "sft")
     _say("sft", f"{len(rows)} rows{'' if eval_rows is None else f' (+{len(eval_rows)} held out)'}; model "
          f"{_n_params(model)} parameters; seed {c.seed}")
@@ -280,16 +309,16 @@ def run_rm(c: RMCommand) -> dict:
     _check_command(c, "rm")
     out = prepare_stage_output(c.output_dir, c.overwrite)
     _check_model_dirs(c, "rm")
-    cols = ("prompt", "chosen", "rejected")
     rows = preference_pairs(c.builtin_pairs, seed=c.seed) if c.data == "builtin:equations" else \
-        _rows(c.data, cols, "data")
-    eval_rows = _rows(c.eval_data, cols, "eval_data")
+        _rows(c.data, "rm", "data", c.split)
+    eval_rows = _rows(c.eval_data, "rm", "eval_data", c.eval_split)
 
     import torch
 
     if c.threads:
         torch.set_num_threads(c.threads)
     tok = _load_tokenizer(c)
+    _check_chat_template(tok, {"data": rows, "eval_data": eval_rows})
     lm = _load_causal_lm(c, tok, "rm")
     rm = build_reward_model_from_policy_config(lm.config, causal_lm=lm, pad_token_id=tok.pad_token_id, seed=c.seed)
     del lm

@@ -40,9 +40,12 @@ from ._common import (
 from .data import (
     InputError,
     RowsLike,
+    check_chat_template,
     encode_prompt_response,
     last_token_index,
-    load_rows,
+    load_preference_rows,
+    load_sft_rows,
+    naming,
     pad_sequences,
     split_rows,
 )
@@ -87,8 +90,8 @@ class RMConfig:
     """After training, standardise the scores on the training pairs' responses (mean and std stored in
     the model's config.json), so PPO's KL coefficient sees a predictable scale."""
     add_special_tokens: bool = True
-    """Let the tokenizer add its special tokens (e.g. a BOS) to the prompt, as the PPO rollout's
-    tokenizer call does."""
+    """Let the tokenizer add its special tokens (e.g. a BOS) to a text prompt, as the PPO rollout's
+    tokenizer call does. Prompts of chat messages get none added: the chat template writes its own."""
 
 
 def build_reward_model_from_policy_config(
@@ -145,9 +148,10 @@ def score_sequences(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
 
 
 def encode_sequences(
-    tokenizer, prompts: Sequence[str], responses: Sequence[str], add_special_tokens: bool = True
+    tokenizer, prompts: Sequence[str | list[dict]], responses: Sequence[str], add_special_tokens: bool = True
 ) -> list[list[int]]:
-    """Token ids of prompt + response + EOS per row (tokenised separately; see ``encode_prompt_response``)."""
+    """Token ids of prompt + response + EOS per row (tokenised separately; see ``encode_prompt_response``:
+    a prompt may be chat messages, rendered with the chat template)."""
     out = []
     for p, r in zip(prompts, responses):
         p_ids, r_ids = encode_prompt_response(tokenizer, p, r, add_special_tokens)
@@ -159,7 +163,7 @@ def encode_sequences(
 def score_texts(
     model,
     tokenizer,
-    prompts: Sequence[str],
+    prompts: Sequence[str | list[dict]],
     responses: Sequence[str],
     batch_size: int = 64,
     normalize: bool = True,
@@ -188,7 +192,7 @@ def _score_ids(model, seqs, pad_id: int, batch_size: int, normalize: bool) -> to
 
 
 def normalize_reward_model(
-    model, tokenizer, prompts: Sequence[str], responses: Sequence[str], batch_size: int = 64, **kw
+    model, tokenizer, prompts: Sequence[str | list[dict]], responses: Sequence[str], batch_size: int = 64, **kw
 ) -> tuple[float, float]:
     """Store mean/std of raw scores on ``(prompts, responses)`` in ``model.config``; returns them.
 
@@ -258,10 +262,15 @@ def train_reward_model(
 ) -> dict:
     """Train ``model`` in place on pairs (columns ``prompt``, ``chosen``, ``rejected``); returns metrics.
 
+    ``rows`` is anything :func:`~ppo_lm.stages.data.load_preference_rows` accepts: ``prompt`` text or
+    chat messages (rendered with the tokenizer's chat template), ``chosen``/``rejected`` text or one
+    assistant message each, or, without ``prompt``, two conversations that differ only in their last
+    (assistant) turn.
+
     Loss: ``-log σ(r(chosen) - r(rejected))`` on raw scores, mean over pairs. Held-out pairs are
     ``eval_rows`` if given, else a ``heldout_fraction`` of ``rows`` (``seed`` decides the split, the
     batch order and torch's RNG). With ``cfg.normalize`` the
-    reference set is ``reference_rows`` (columns ``prompt``, ``response``) if given, else the chosen
+    reference set is ``reference_rows`` (``prompt`` and ``response``, or ``messages``, as SFT data) if given, else the chosen
     and rejected sides of the training pairs. ``output_dir`` gets ``save_pretrained`` model and
     tokenizer and ``rm_metrics.json``. The model's train/eval mode is restored on return.
 
@@ -272,18 +281,25 @@ def train_reward_model(
     """
     cfg = cfg or RMConfig()
     check_stage_config(cfg, "rm")
-    cols = ("prompt", "chosen", "rejected")
-    rows = load_rows(rows, cols, name="preference data")
+    rows = load_preference_rows(rows, name="preference data")
+    check_chat_template(tokenizer, rows, "preference data")
+    ref = None
+    if cfg.normalize and reference_rows is not None:
+        ref = load_sft_rows(reference_rows, name="reward reference data")
+        check_chat_template(tokenizer, ref, "reward reference data")
     if eval_rows is not None:
-        train_rows, held_rows = rows, load_rows(eval_rows, cols, name="preference eval data")
+        train_rows, held_rows = rows, load_preference_rows(eval_rows, name="preference eval data")
+        check_chat_template(tokenizer, held_rows, "preference eval data")
     else:
         train_rows, held_rows = split_rows(rows, cfg.heldout_fraction, seed)
     if getattr(model.config, "num_labels", 1) != 1:
         raise InputError(f"the reward model needs num_labels=1, got {model.config.num_labels}")
     pad_id = _pad_id(tokenizer)
 
-    train_pairs, skipped = _encode_pairs(tokenizer, train_rows, cfg)
-    held_pairs, held_skipped = _encode_pairs(tokenizer, held_rows, cfg)
+    with naming("preference data"):
+        train_pairs, skipped = _encode_pairs(tokenizer, train_rows, cfg)
+    with naming("preference data" if eval_rows is None else "preference eval data"):
+        held_pairs, held_skipped = _encode_pairs(tokenizer, held_rows, cfg)
     if not train_pairs:
         raise InputError(f"all {len(train_rows)} pairs are longer than max_length={cfg.max_length}")
     n_steps = total_steps(len(train_pairs), cfg.batch_size, cfg.epochs, cfg.max_steps)
@@ -318,20 +334,20 @@ def train_reward_model(
         if hasattr(model.config, key):
             delattr(model.config, key)
     if cfg.normalize:
-        if reference_rows is not None:
-            ref = load_rows(reference_rows, ("prompt", "response"), name="reward reference data")
+        if ref is not None:
             prompts, responses = [r["prompt"] for r in ref], [r["response"] for r in ref]
         else:
             prompts = [r["prompt"] for r in train_rows] * 2
             responses = [r["chosen"] for r in train_rows] + [r["rejected"] for r in train_rows]
-        reward_mean, reward_std = normalize_reward_model(
-            model,
-            tokenizer,
-            prompts,
-            responses,
-            cfg.eval_batch_size,
-            add_special_tokens=cfg.add_special_tokens,
-        )
+        with naming("reward reference data" if ref is not None else "preference data"):
+            reward_mean, reward_std = normalize_reward_model(
+                model,
+                tokenizer,
+                prompts,
+                responses,
+                cfg.eval_batch_size,
+                add_special_tokens=cfg.add_special_tokens,
+            )
     model.train(was_training)
 
     metrics = {

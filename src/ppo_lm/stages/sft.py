@@ -28,7 +28,16 @@ from ._common import (
     total_steps,
     window_log_entry,
 )
-from .data import InputError, RowsLike, encode_prompt_response, load_rows, pad_sequences, split_rows
+from .data import (
+    InputError,
+    RowsLike,
+    check_chat_template,
+    encode_prompt_response,
+    load_sft_rows,
+    naming,
+    pad_sequences,
+    split_rows,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +74,17 @@ class SFTConfig:
     log_every: int = 10
     """Print a progress line (loss, lr, step/total) every this many steps and at the last; 0 = never."""
     add_special_tokens: bool = True
-    """Let the tokenizer add its special tokens (e.g. a BOS) to the prompt, as the PPO rollout's
-    tokenizer call does."""
+    """Let the tokenizer add its special tokens (e.g. a BOS) to a text prompt, as the PPO rollout's
+    tokenizer call does. Prompts of chat messages get none added: the chat template writes its own."""
 
 
 def build_sft_example(
-    tokenizer, prompt: str, response: str, add_special_tokens: bool = True
+    tokenizer, prompt: str | list[dict], response: str | list[dict], add_special_tokens: bool = True
 ) -> tuple[list[int], list[int]]:
-    """``(input_ids, labels)`` of equal length: prompt positions labelled -100, response + EOS kept."""
+    """``(input_ids, labels)`` of equal length: prompt positions labelled -100, response + EOS kept.
+
+    ``prompt`` is text or chat messages (rendered by the chat template, see
+    :func:`~ppo_lm.stages.data.encode_prompt_response`); ``response`` text or one assistant message."""
     prompt_ids, response_ids = encode_prompt_response(tokenizer, prompt, response, add_special_tokens)
     return prompt_ids + response_ids, [IGNORE_INDEX] * len(prompt_ids) + response_ids
 
@@ -149,7 +161,9 @@ def train_sft(
 ) -> dict:
     """Fine-tune ``model`` in place on ``rows`` (columns ``prompt``, ``response``); returns metrics.
 
-    ``rows`` is anything :func:`~ppo_lm.stages.data.load_rows` accepts. Held-out rows are ``eval_rows``
+    ``rows`` is anything :func:`~ppo_lm.stages.data.load_sft_rows` accepts: ``prompt`` text or chat
+    messages (rendered with the tokenizer's chat template), ``response`` text or one assistant message,
+    or a ``messages`` conversation ending with the assistant turn to train on. Held-out rows are ``eval_rows``
     if given, else a seeded ``heldout_fraction`` of ``rows``. ``seed`` decides the held-out split, the
     batch order and torch's RNG (dropout). ``log_fn`` gets a dict every ``log_every`` steps. With ``output_dir`` the model and tokenizer are ``save_pretrained`` there,
     with ``sft_metrics.json``. The model's train/eval mode is restored on return.
@@ -159,15 +173,19 @@ def train_sft(
     """
     cfg = cfg or SFTConfig()
     check_stage_config(cfg, "sft")
-    rows = load_rows(rows, ("prompt", "response"), name="sft data")
+    rows = load_sft_rows(rows, name="sft data")
+    check_chat_template(tokenizer, rows, "sft data")
     if eval_rows is not None:
-        train_rows, held_rows = rows, load_rows(eval_rows, ("prompt", "response"), name="sft eval data")
+        train_rows, held_rows = rows, load_sft_rows(eval_rows, name="sft eval data")
+        check_chat_template(tokenizer, held_rows, "sft eval data")
     else:
         train_rows, held_rows = split_rows(rows, cfg.heldout_fraction, seed)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    train_ex, skipped = _encode_rows(tokenizer, train_rows, cfg)
-    held_ex, held_skipped = _encode_rows(tokenizer, held_rows, cfg)
+    with naming("sft data"):
+        train_ex, skipped = _encode_rows(tokenizer, train_rows, cfg)
+    with naming("sft data" if eval_rows is None else "sft eval data"):
+        held_ex, held_skipped = _encode_rows(tokenizer, held_rows, cfg)
     if not train_ex:
         raise InputError(f"all {len(train_rows)} SFT rows are longer than max_length={cfg.max_length}")
     n_steps = total_steps(len(train_ex), cfg.batch_size, cfg.epochs, cfg.max_steps)

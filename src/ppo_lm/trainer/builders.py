@@ -348,7 +348,7 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False) -> l
 
         try:
             # columns checked below: the prompt column may hold chat messages as well as text
-            rows = load_rows(source, [], name=f"prompt data (`{field}`)")
+            rows = load_rows(source, [], name=f"prompt data (`{field}`)", split=cfg.eval_split if held_out else cfg.split)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     check_prompt_rows(rows, cfg.prompt_column, source=f"`{field}`")

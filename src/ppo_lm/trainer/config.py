@@ -70,7 +70,8 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     prompts: str = "builtin:equations"
-    """'builtin:equations', or a JSONL/Parquet file or saved `datasets` directory with a prompt column."""
+    """'builtin:equations', or a local file or directory `datasets` reads (JSON/JSONL, CSV, Parquet, Arrow,
+    a save_to_disk directory, a directory of per-split files) with a prompt column."""
     split: str = "train"
     """The split to read where the data has several (a `datasets` DatasetDict saved with save_to_disk, or
     a directory of files per split such as train.jsonl / test.jsonl)."""
@@ -87,6 +88,8 @@ class DataConfig:
     """Held-out prompts evaluated during training (see `log.eval_every`): 'builtin:equations' (the
     built-in task's held-out split) or a file like `data.prompts`, with the same columns; None = no
     evaluation."""
+    eval_split: str = "test"
+    """The split of `data.eval_prompts` to read where it has several (as `data.split`)."""
     builtin_eval_prompts: int = 200
     """Size of the built-in held-out prompt set (distinct prompts)."""
     shuffle: bool = True
