@@ -255,3 +255,20 @@ def test_kl_loss_with_a_very_unlikely_pad_token_keeps_gradients_finite(tmp_path,
     assert metrics["nonfinite_skipped_total"] == 0
     assert math.isfinite(metrics["grad_norm_actor"]) and math.isfinite(metrics["kl_loss"])
     assert metrics["kl_clamp_frac"] == 0.0
+
+
+def test_gradient_checkpointing_flag_trains_the_same(tmp_path):
+    """model.gradient_checkpointing recomputes the layers of the policy and the critic in the backward;
+    the iteration's statistics equal a run without it (the transformers forward instead of the lean
+    one: equal to 1e-5, not bit for bit)."""
+    from ppo_lm.models.hf_compat import is_checkpointed
+
+    runs = {}
+    for flag in (False, True):
+        cfg = tiny_config(tmp_path / str(flag), model__cpu_lanes=1, model__gradient_checkpointing=flag)
+        tr = PPOTrainer(cfg, verifier=length_reward)
+        assert is_checkpointed(tr.policy.lm) is flag and is_checkpointed(tr.critic.model) is flag
+        runs[flag] = tr.train_iteration(1)
+    for k, v in runs[False].items():
+        if not k.endswith(("_s", "_per_s")):
+            assert runs[True][k] == pytest.approx(v, rel=1e-4, abs=1e-5), k

@@ -68,6 +68,13 @@ def is_dropout_rate(name: str, value: object) -> bool:
     return isinstance(value, float) and not isinstance(value, bool) and "drop" in name
 
 
+def enable_checkpointing(model: nn.Module) -> None:
+    """Switch on transformers' gradient (activation) checkpointing of ``model``'s layers: each layer's
+    activations are recomputed in the backward instead of kept (transformers 5 renamed the method)."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+
+
 def is_checkpointed(*models: nn.Module | None) -> bool:
     """Whether any of ``models`` has gradient checkpointing switched on (transformers' layer flag)."""
     return any(vars(m).get("gradient_checkpointing") is True for model in models if model is not None

@@ -151,7 +151,7 @@ def dump_yaml(cfg: Any, path: str | Path) -> None:
 # What a resumed run may set differently from the run it continues: its length, logging, the devices
 # and the speed settings that do not change results. Everything else defines the experiment.
 RESUME_MAY_CHANGE = ("iterations", "resume", "auto_resume", "output_dir", "threads", "log.", "model.device", "model.cpu_lanes",
-                     "model.compile_kernels", "rollout.forward_batch_size", "optim.micro_batch_size",
+                     "model.compile_kernels", "model.gradient_checkpointing", "rollout.forward_batch_size", "optim.micro_batch_size",
                      "data.eval_prompts", "data.eval_split", "data.builtin_eval_prompts")
 
 

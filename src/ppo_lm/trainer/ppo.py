@@ -31,6 +31,7 @@ from ..errors import UserError
 from ..evaluate import evaluate
 from ..models import kernels, sharding
 from ..models.actor_critic import RewardScorer
+from ..models.hf_compat import enable_checkpointing
 from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
 from ..rollout.reward import combine_terms, score_with_verifier
@@ -95,6 +96,10 @@ class PPOTrainer:
         if self.estimator.needs_critic and not shared:
             self.critic = builders.build_critic(cfg.model, policy_lm, self.reward_model).to(self.device)
         self.shared_critic = shared
+        if cfg.model.gradient_checkpointing:
+            enable_checkpointing(policy_lm)
+            if self.critic is not None:
+                enable_checkpointing(self.critic.model)
 
         # Stop tokens: EOS, every end-of-turn id of the policy's generation config, and rollout.stop_tokens;
         # the pad token must be none of them (padding is masked by id).
