@@ -88,6 +88,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rm": ("ppo_lm.commands:cmd_rm", "Bradley–Terry reward model (prompt, chosen, rejected)"),
     "demo": ("ppo_lm.demo:cmd_demo", "SFT → PPO (or → RM → PPO with --rlhf) on the built-in task"),
     "plot": ("ppo_lm.commands:cmd_plot", "PNG of a run's diagnostics"),
+    "export": ("ppo_lm.export:cmd_export", "a run's policy as a standalone model directory"),
     "bench": ("ppo_lm.bench:cmd_bench", "throughput and memory on the benchmark workloads (docs/benchmarks.md)"),
 }
 
