@@ -3,6 +3,7 @@ and the workload settings that make W1 equal work with the TRL peer."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -99,3 +100,52 @@ def test_host_cpu_counters_add_up():
     assert (c is not None) == Path("/proc/stat").exists()
     if c is not None:
         assert 0 <= c.busy and 0 <= c.steal and c.busy + c.steal <= c.total
+
+
+def test_w3_config_is_the_peers_workload(tmp_path):
+    """shared/bench/trl_ppo_w3.py: 16 chat prompts × exactly 32 tokens, 4 epochs × 2 minibatches, k1 KL
+    0.05 in the reward, clip 0.2, value clip 0.2, vf 0.1, γ 1, λ 0.95, lr 1e-6, fp32; a one-label reward
+    model from the policy's body as `model.reward`, the separate critic initialised from it."""
+    cfg = bench.make_config("w3", bench.W3_SHAPE, ("smol.gguf", "rm", None), str(tmp_path), 2, 2)
+    m, d, r, a, o = cfg.model, cfg.data, cfg.rollout, cfg.algo, cfg.optim
+    assert (m.policy, m.reward, m.tokenizer) == ("smol.gguf", "rm", None)  # tokenizer from the policy
+    assert (m.critic, m.critic_init, m.dtype) == ("separate", "reward", "float32")
+    assert (r.num_prompts, r.samples_per_prompt, r.max_new_tokens, r.min_new_tokens, r.temperature) == (
+        16, 1, 32, 32, 1.0)
+    assert (r.top_k, r.top_p, r.stop_tokens) == (0, 1.0, [])
+    assert (o.epochs, o.num_minibatches, o.micro_batch_size, o.actor_lr, o.critic_lr) == (4, 2, 0, 1e-6, 1e-6)
+    assert (a.estimator, a.kl_in, a.kl_estimator, a.kl_coef, a.clip_eps, a.value_clip_eps, a.vf_coef, a.gamma,
+            a.gae_lambda) == ("gae", "reward", "k1", 0.05, 0.2, 0.2, 0.1, 1.0, 0.95)
+    assert d.chat_template == "auto" and not d.shuffle
+    rows = bench.w3_prompts(48)
+    import random
+
+    random.seed(0)  # the peer's draw
+    assert [x["prompt"] for x in rows] == [[{"role": "user", "content": f"Write a short story about "
+                                              f"{random.choice(bench.W3_TOPICS)}."}] for _ in range(48)]
+
+
+def test_w3_shape_follows_the_model_config():
+    from transformers import LlamaConfig
+
+    c = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3)
+    assert bench.shape_of(c, 16, 32) == bench.W3_SHAPE
+    f = bench.iteration_flops(bench.W3_SHAPE, [32, 32], prompt_lengths=[40, 44])
+    one = bench.iteration_flops(dataclasses.replace(bench.W3_SHAPE, prompt_len=40), [32])
+    two = bench.iteration_flops(dataclasses.replace(bench.W3_SHAPE, prompt_len=44), [32])
+    assert f["total"] == pytest.approx(one["total"] + two["total"])
+
+
+def test_w3_needs_a_policy(capsys):
+    assert main(["bench", "--workload", "w3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ppo-lm: error: --workload w3 needs --policy PATH") and err.count("\n") == 1
+
+
+def test_policy_is_for_w3_only_and_must_exist(capsys, tmp_path):
+    assert main(["bench", "--workload", "w1", "--policy", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "ppo-lm: error: --policy is for --workload w3; w1 builds its own models\n"
+    assert main(["bench", "--workload", "w3", "--policy", str(tmp_path / "none.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ppo-lm: error: `--policy`") and "does not exist" in err and err.count("\n") == 1

