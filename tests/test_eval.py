@@ -109,3 +109,13 @@ def test_training_and_held_out_prompts_from_the_splits_of_one_dataset(tmp_path):
     assert tr.prompt_rows == train and tr.eval_rows == test
     with pytest.raises(ConfigError, match=r"has no split 'validation'; its splits: \['test', 'train'\]"):
         PPOTrainer(tiny_config(tmp_path / "run2", data__prompts=str(d), data__split="validation"))
+
+
+def test_evaluations_are_plotted(tmp_path):
+    from ppo_lm.plots import panels_of, plot_run
+
+    run = tmp_path / "run"
+    PPOTrainer(_eval_cfg(run, iterations=2, log__eval_samples=2), verifier=count_sevens).train()
+    rows = _rows(run)
+    assert ("score", ["score", "eval_score", "eval_pass_at_k"]) in panels_of(rows)
+    assert plot_run(run / "metrics.jsonl", tmp_path / "d.png").stat().st_size > 0

@@ -9,7 +9,7 @@ from pathlib import Path
 from .errors import UserError
 
 PANELS: list[tuple[str, list[str]]] = [
-    ("score", ["score", "gold_score", "heldout_accuracy"]),
+    ("score", ["score", "gold_score", "heldout_accuracy", "eval_score", "eval_pass_at_k"]),
     ("ref KL (per response)", ["ref_kl"]),
     ("β (KL coefficient)", ["kl_coef"]),
     ("value loss", ["value_loss"]),
@@ -19,6 +19,10 @@ PANELS: list[tuple[str, list[str]]] = [
     ("response length", ["response_length_mean", "response_length_max"]),
     ("approx KL old/new", ["approx_kl"]),
 ]
+
+
+SPARSE = ("heldout_accuracy", "eval_score", "eval_pass_at_k")
+"""Logged every few iterations only (evaluations): drawn with markers."""
 
 
 class PlotError(UserError):
@@ -72,6 +76,12 @@ def png_path(out: str | Path) -> Path:
     return out if out.suffix else out.with_name(out.name + ".png")
 
 
+def panels_of(rows: list[dict]) -> list[tuple[str, list[str]]]:
+    """The panels of :data:`PANELS` that ``rows`` has values for, each with the keys it draws."""
+    panels = [(name, [k for k in keys if any(_plottable(r, k) for r in rows)]) for name, keys in PANELS]
+    return [(n, ks) for n, ks in panels if ks]
+
+
 def plot_run(metrics_path: str | Path, out_png: str | Path, title: str = "") -> Path:
     """One figure with a panel per diagnostic that the run logged; returns the PNG path.
 
@@ -84,8 +94,7 @@ def plot_run(metrics_path: str | Path, out_png: str | Path, title: str = "") -> 
     import matplotlib.pyplot as plt
 
     rows = read_metrics(metrics_path)
-    panels = [(name, [k for k in keys if any(_plottable(r, k) for r in rows)]) for name, keys in PANELS]
-    panels = [(n, ks) for n, ks in panels if ks]
+    panels = panels_of(rows)
     if not panels:
         what = "is empty" if not rows else (f"has {len(rows)} line(s) but none with an `iteration` and a metric "
                                             f"that is plotted ({', '.join(keys[0] for _, keys in PANELS[:4])}, …)")
@@ -96,7 +105,7 @@ def plot_run(metrics_path: str | Path, out_png: str | Path, title: str = "") -> 
     for ax, (name, keys) in zip(axes.flat, panels):
         for k in keys:
             pts = [(r["iteration"], r[k]) for r in rows if _plottable(r, k)]
-            marker = "o" if len(pts) < 30 or k == "heldout_accuracy" else None
+            marker = "o" if len(pts) < 30 or k in SPARSE else None
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=k, marker=marker, markersize=3)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("iteration", fontsize=8)
