@@ -12,3 +12,15 @@ def _keep_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def saved_policy(tmp_path_factory):
+    """A tiny built-in policy and its tokenizer saved as a user's checkpoint directory."""
+    from ppo_lm.tasks.equations import build_tiny_policy, build_tokenizer
+
+    d = tmp_path_factory.mktemp("policy")
+    tok = build_tokenizer()
+    build_tiny_policy(tok, seed=0, hidden_size=32).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d

@@ -137,18 +137,12 @@ def test_cli_prints_its_own_warnings_as_one_line(tmp_path, capsys):
 def test_train_and_demo_help_is_complete_and_plain(capsys, command):
     """Every setting of train (and of the demo, which embeds train's under --ppo.*) has help text, with
     no Sphinx markup."""
-    from test_stage_errors import _documented_fields
+    from test_stage_errors import _documented_fields, plain_help
 
-    from ppo_lm.cli import main
     from ppo_lm.demo import DemoConfig
     from ppo_lm.trainer import config as c
 
-    with pytest.raises(SystemExit) as e:
-        main([command, "--help"])
-    assert e.value.code == 0
-    text = capsys.readouterr().out
-    for markup in ("``", ":func:", ":class:", ":data:", ":meth:", ":mod:"):
-        assert markup not in text, markup
+    plain_help(capsys, command)
     classes = [c.TrainConfig, c.ModelConfig, c.DataConfig, c.RolloutConfig, c.AlgoConfig, c.OptimConfig, c.LogConfig]
     for cls in classes + ([DemoConfig] if command == "demo" else []):
         undocumented = [name for name, has_doc in _documented_fields(cls).items() if not has_doc]

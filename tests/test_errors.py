@@ -22,18 +22,6 @@ TRAIN = ["train", "--threads", "1", "--iterations", "1", "--rollout.num-prompts"
          "--log.no-tensorboard"]
 
 
-@pytest.fixture(scope="module")
-def saved_policy(tmp_path_factory):
-    """A tiny built-in policy and its tokenizer saved as a user's checkpoint directory."""
-    from ppo_lm.tasks.equations import build_tiny_policy, build_tokenizer
-
-    d = tmp_path_factory.mktemp("policy")
-    tok = build_tokenizer()
-    build_tiny_policy(tok, seed=0, hidden_size=32).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
-
-
 @pytest.fixture
 def no_model_loads(monkeypatch):
     """Any model build fails the test: the error must come from a check before it."""

@@ -26,18 +26,6 @@ from ppo_lm.stages.sft import SFTConfig, train_sft
 SMALL = ["--builtin-hidden-size", "32"]
 
 
-@pytest.fixture(scope="module")
-def saved_policy(tmp_path_factory):
-    """A tiny built-in policy and its tokenizer, saved as a user's checkpoint directory."""
-    from ppo_lm.tasks.equations import build_tiny_policy, build_tokenizer
-
-    d = tmp_path_factory.mktemp("policy")
-    tok = build_tokenizer()
-    build_tiny_policy(tok, seed=0, hidden_size=32).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
-
-
 @pytest.fixture
 def no_model_loads(monkeypatch):
     """Any model or tokenizer build fails the test: the error must come from a check before it."""
@@ -245,14 +233,20 @@ def _documented_fields(cls) -> dict[str, bool]:
     return out
 
 
-@pytest.mark.parametrize("command", ["sft", "rm"])
-def test_stage_help_is_complete_and_plain(capsys, command):
+def plain_help(capsys, command: str) -> str:
+    """``ppo-lm COMMAND --help``: exits 0, and its text holds no Sphinx markup; returns the text."""
     with pytest.raises(SystemExit) as e:
         main([command, "--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
     for markup in ("``", ":func:", ":class:", ":data:", ":meth:", ":mod:"):
         assert markup not in text, markup
+    return text
+
+
+@pytest.mark.parametrize("command", ["sft", "rm"])
+def test_stage_help_is_complete_and_plain(capsys, command):
+    text = plain_help(capsys, command)
     cmd, stage = (SFTCommand, SFTConfig) if command == "sft" else (RMCommand, RMConfig)
     for cls in (cmd, stage):
         undocumented = [name for name, has_doc in _documented_fields(cls).items() if not has_doc]
