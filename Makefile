@@ -13,10 +13,10 @@ $(BIN)/python:
 
 # torch first: pip takes the local CPU build, so no later package pulls a multi-GB CUDA build.
 # Then the experiment trackers of `log.report_to`, for tests/test_trackers.py (about 15 s, 250 MB;
-# each of its tests skips when its tracker is missing).
+# each of its tests skips when its tracker is missing), and peft for LoRA (tests/test_lora.py).
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "torch==2.13.0" || $(BIN)/pip install --quiet "torch>=2.4"
-	$(BIN)/pip install --quiet -e ".[dev,trackers]"
+	$(BIN)/pip install --quiet -e ".[dev,trackers,lora]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -121,3 +121,18 @@ def test_fsdp_checkpoint_resume_equals_uninterrupted(tmp_path):
         env=dict(os.environ, PYTHONPATH=str(HERE)), capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2 and "same world size" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_lora_under_torchrun_resumes_as_uninterrupted(tmp_path, mode):
+    """LoRA adapters on the policy and critic (the reference: the policy with its adapters off) under DDP
+    and FSDP2: runs complete, a resumed run equals an uninterrupted one, checkpoints hold the adapters."""
+    extra = ["--model.lora-r", "4"] + (["--model.fsdp"] if mode == "fsdp" else [])
+    for out, iterations, more in (("full", 2, []), ("part", 1, []), ("part", 2, ["--resume"])):
+        proc = _torchrun(_train_args(tmp_path / out, iterations, *extra, *more), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _metric_rows(tmp_path / "full") == _metric_rows(tmp_path / "part")
+    (_, a), (_, b) = latest_checkpoint(tmp_path / "full"), latest_checkpoint(tmp_path / "part")
+    for name in ("policy/adapter_model.safetensors", "critic/adapter_model.safetensors", "critic/value_head.safetensors"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name

@@ -87,7 +87,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("ppo_lm.commands:cmd_sft", "supervised fine-tuning (prompt, response)"),
     "rm": ("ppo_lm.commands:cmd_rm", "Bradley–Terry reward model (prompt, chosen, rejected)"),
     "demo": ("ppo_lm.demo:cmd_demo", "SFT → PPO (or → RM → PPO with --rlhf) on the built-in task"),
+    "compare": ("ppo_lm.compare:cmd_compare", "advantage estimators side by side: same start, budget, seeds"),
     "plot": ("ppo_lm.commands:cmd_plot", "PNG of a run's diagnostics"),
+    "report": ("ppo_lm.report:cmd_report", "HTML page of a run's per-token credit (Â, δ, V, KL, ratio)"),
     "export": ("ppo_lm.export:cmd_export", "a run's policy as a standalone model directory"),
     "bench": ("ppo_lm.bench:cmd_bench", "throughput and memory on the benchmark workloads (docs/benchmarks.md)"),
 }

@@ -60,7 +60,10 @@ def export_policy(run_dir: str | Path, output: str | Path, iteration: int | None
         raise ExportError(str(e)) from None
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
     try:
-        shutil.copytree(source, tmp, dirs_exist_ok=True)
+        if (source / "adapter_config.json").is_file():
+            merge_adapters(Path(run_dir), source, tmp)
+        else:
+            shutil.copytree(source, tmp, dirs_exist_ok=True)
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         tmp.rename(out)
@@ -68,6 +71,38 @@ def export_policy(run_dir: str | Path, output: str | Path, iteration: int | None
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def merge_adapters(run_dir: Path, source: Path, out: Path) -> None:
+    """A LoRA run's policy with its adapters merged into the weights (W + (alpha/r)·B·A), written to
+    ``out``: the base model is rebuilt from the run's config.yaml (model.policy), checked against the
+    fingerprint the checkpoint recorded, then peft loads the adapters and merges them."""
+    from peft import PeftModel
+
+    from .models import lora
+    from .models.hf_compat import load_tokenizer
+    from .trainer import builders
+    from .trainer.config import TrainConfig
+    from .trainer.config_io import ConfigError, load_yaml
+    from .trainer.state import read_trainer_state
+
+    try:
+        cfg = load_yaml(run_dir / "config.yaml", TrainConfig)
+    except (OSError, ConfigError) as e:
+        raise ExportError(f"{run_dir}/config.yaml is needed to rebuild the base model under the LoRA adapters: "
+                          f"{e}") from None
+    tokenizer = load_tokenizer(str(source))
+    base = builders.build_policy(cfg, tokenizer)
+    model = PeftModel.from_pretrained(base, str(source))
+    saved = read_trainer_state(source.parent / "trainer_state.pt")
+    fingerprint = (saved.get("lora_base") or {}).get("policy")
+    now = lora.base_fingerprint(model.base_model.model.state_dict())
+    if fingerprint is not None and any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(now, fingerprint)):
+        raise ExportError(f"the base model {cfg.model.policy!r} of {run_dir}/config.yaml is not the one the "
+                          "adapters were trained on (its weights changed); export with the original model")
+    merged = model.merge_and_unload()
+    merged.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
 
 
 def export_command(argv: list[str]) -> Path:

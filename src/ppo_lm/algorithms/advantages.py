@@ -21,45 +21,34 @@ AllReduce = Callable[[Tensor], Tensor]
 """Sums a tensor over data-parallel ranks (identity in one process)."""
 
 
-def gae(
+def td_residuals(
     rewards: Tensor,
     values: Tensor,
     mask: Tensor,
     *,
     gamma: float,
-    lam: float | Tensor,
     terminated: Tensor | None = None,
     bootstrap_values: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation with truncation bootstrap.
+) -> Tensor:
+    """TD residuals δ_t = r_t + γ·(1 − d_t)·V(x_{t+1}) − V(x_t), the terms :func:`gae` accumulates.
 
-    δ_t = r_t + γ·(1 − d_t)·V(x_{t+1}) − V(x_t), where V(x_{T+1}) of the last valid token is
-    ``bootstrap_values`` for a truncated row and d_T = 1 for a terminated one.
-    Â_t = δ_t + γλ·Â_{t+1} with Â = 0 after the last valid token; R̂_t = Â_t + V(x_t).
+    V(x_{t+1}) of a row's last valid token is ``bootstrap_values`` for a truncated row and 0 for a
+    terminated one (d_T = 1), so Â_t = Σ_l (γλ)^l δ_{t+l} over the row's valid tokens.
 
     Args:
         rewards, values: (B, T).
         mask: (B, T) right-padded validity mask.
         gamma: discount in [0, 1].
-        lam: λ in [0, 1], a float or a (B,) tensor (per-response λ, e.g. from ``adaptive_lambda``).
         terminated: (B,) bool; None means every row ended with a stop token.
         bootstrap_values: (B,) V_old(x_{T_i+1}); required when any row is truncated.
     Returns:
-        ``(advantages, returns)``, both (B, T) in the dtype of ``rewards``, 0 on padding.
-        No whitening is applied.
+        (B, T) in the dtype of ``rewards``, 0 on padding.
     """
     check_same_shape("rewards", rewards, values=values, mask=mask)
     m = check_mask(mask)
     check_unit_interval("gamma", gamma)
-    B, T = rewards.shape
+    B = rewards.shape[0]
     dtype = rewards.dtype
-    if isinstance(lam, Tensor):
-        if lam.shape != (B,):
-            raise ValueError(f"`lam` as a tensor must have shape ({B},), got {tuple(lam.shape)}")
-        check_unit_interval("lam", lam)
-        lam = lam.to(dtype)
-    else:
-        check_unit_interval("lam", lam)
     r = rewards.where(m, 0)
     v = values.to(dtype).where(m, 0)
 
@@ -86,6 +75,52 @@ def gae(
             boot = bootstrap_values.to(dtype).where(truncated, 0).unsqueeze(1)
             v_next = v_next + is_last.to(dtype) * boot
     deltas = (r + gamma * v_next - v).where(m, 0)
+    return deltas
+
+
+def gae(
+    rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    *,
+    gamma: float,
+    lam: float | Tensor,
+    terminated: Tensor | None = None,
+    bootstrap_values: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation with truncation bootstrap.
+
+    δ_t = r_t + γ·(1 − d_t)·V(x_{t+1}) − V(x_t) (:func:`td_residuals`), where V(x_{T+1}) of the last
+    valid token is ``bootstrap_values`` for a truncated row and d_T = 1 for a terminated one.
+    Â_t = δ_t + γλ·Â_{t+1} with Â = 0 after the last valid token; R̂_t = Â_t + V(x_t).
+
+    Args:
+        rewards, values: (B, T).
+        mask: (B, T) right-padded validity mask.
+        gamma: discount in [0, 1].
+        lam: λ in [0, 1], a float or a (B,) tensor (per-response λ, e.g. from ``adaptive_lambda``).
+        terminated: (B,) bool; None means every row ended with a stop token.
+        bootstrap_values: (B,) V_old(x_{T_i+1}); required when any row is truncated.
+    Returns:
+        ``(advantages, returns)``, both (B, T) in the dtype of ``rewards``, 0 on padding.
+        No whitening is applied.
+    """
+    check_same_shape("rewards", rewards, values=values, mask=mask)
+    m = check_mask(mask)
+    check_unit_interval("gamma", gamma)
+    B, T = rewards.shape
+    dtype = rewards.dtype
+    if isinstance(lam, Tensor):
+        if lam.shape != (B,):
+            raise ValueError(f"`lam` as a tensor must have shape ({B},), got {tuple(lam.shape)}")
+        check_unit_interval("lam", lam)
+        lam = lam.to(dtype)
+    else:
+        check_unit_interval("lam", lam)
+    deltas = td_residuals(rewards, values, m, gamma=gamma, terminated=terminated, bootstrap_values=bootstrap_values)
+    v = values.to(dtype).where(m, 0)
+    next_mask = torch.zeros_like(m)
+    next_mask[:, :-1] = m[:, 1:]
 
     # Reverse scan, vectorised over the batch; rows are made contiguous along time for speed.
     coef = gamma * lam

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..algorithms import entropy_from_logits
-from . import lean
+from . import lean, lora
 from .hf_compat import scalar_head, trunk
 from .logprobs import gather_logprobs, position_ids_from_mask
 from .packing import plan_packing
@@ -101,6 +101,8 @@ class PolicyModel(nn.Module):
     trains on detached features (the trunk only sees the policy loss), in between = scaled.
     """
 
+    base_only = False  # see :class:`AdaptersOff`
+
     def __init__(self, lm: nn.Module, *, value_head: nn.Linear | None = None, value_grad_scale: float = 1.0):
         super().__init__()
         check_output_head(lm)
@@ -118,12 +120,16 @@ class PolicyModel(nn.Module):
         with_entropy: bool = False,
         entropy_grad: bool = True,
         with_values: bool = False,
+        adapters_off: bool = False,
     ) -> dict[str, Tensor]:
         """Returns ``logp`` (B, T) of the response tokens under softmax(logits/temperature), plus
         ``entropy`` (B, T) and ``values`` (B, T + 1) when asked (values need a value head).
-        ``entropy_grad=False`` computes the entropy as a detached diagnostic."""
+        ``entropy_grad=False`` computes the entropy as a detached diagnostic; ``adapters_off`` runs a
+        LoRA policy's base model (:func:`ppo_lm.models.lora.adapters_off`)."""
         P = prompt_width
-        hidden = _hidden(trunk(self.lm), input_ids, attention_mask, P - 1)  # contexts x_0 … x_T
+        switch = lora.adapters_off(self.lm) if adapters_off else lora.train_dropout(self.lm, torch.is_grad_enabled())
+        with switch:
+            hidden = _hidden(trunk(self.lm), input_ids, attention_mask, P - 1)  # contexts x_0 … x_T
         h = hidden[:, :-1]  # contexts x_0 … x_{T-1}
         labels = input_ids[:, P:]
         logits = output_logits(self.lm, h)
@@ -145,6 +151,25 @@ class PolicyModel(nn.Module):
         return out
 
 
+class AdaptersOff(nn.Module):
+    """The frozen reference π_ref of a LoRA policy: the policy module itself, called with its adapters
+    off — no second copy of the weights, and under FSDP the forward still enters through the sharded
+    root. Its forward takes :meth:`PolicyModel.forward`'s arguments."""
+
+    base_only = True
+
+    def __init__(self, policy: PolicyModel):
+        super().__init__()
+        self.policy = policy
+
+    @property
+    def lm(self) -> nn.Module:
+        return self.policy.lm
+
+    def forward(self, *args, **kwargs) -> dict[str, Tensor]:
+        return self.policy(*args, adapters_off=True, **kwargs)
+
+
 class CriticModel(nn.Module):
     """Separate-body critic: a one-label token-classification model (transformer + scalar head).
 
@@ -158,7 +183,8 @@ class CriticModel(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, prompt_width: int) -> Tensor:
         """Returns values (B, T + 1): V(x_t) for t = 0 … T (the last column is V after the block)."""
-        hidden = _hidden(trunk(self.model), input_ids, attention_mask, prompt_width - 1)
+        with lora.train_dropout(self.model, torch.is_grad_enabled()):
+            hidden = _hidden(trunk(self.model), input_ids, attention_mask, prompt_width - 1)
         return scalar_head(self.model)(hidden).squeeze(-1).float()
 
 

@@ -33,7 +33,9 @@ transformers' cache positions; real tokens are contiguous in padded and packed r
 
 :func:`supported` decides per model; anything it does not recognise (other architectures — the Gemma
 family with its embedding scale, (1 + w) norms, GELU and soft-capping among them —, dynamic-NTK RoPE,
-LoRA-wrapped projections, gradient checkpointing, dropout in training mode) takes the transformers path.
+LoRA on Phi-3's fused projections, gradient checkpointing, dropout in training mode) takes the transformers
+path. Separate projections with LoRA adapters (peft) run here: the frozen base's matmul plus the adapters'
+(:func:`ppo_lm.models.lora.delta`), computed as peft's forward computes them.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import kernels
+from . import kernels, lora
 
 _TYPES = ("qwen2", "llama", "qwen3", "mistral", "phi3")
 # RoPE types whose frequencies are fixed by the config; "longrope" picks its short or long factors per
@@ -107,8 +109,12 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     return _ONEDNN(x, w, b, "none", [], "")
 
 
-def _proj(module: nn.Linear, x: Tensor) -> Tensor:
-    return linear(x, module.weight, module.bias)
+def _proj(module: nn.Module, x: Tensor) -> Tensor:
+    """A projection (``nn.Linear``, or a LoRA layer: its frozen base plus its adapters' output)."""
+    base = lora.plain_linear(module)
+    y = linear(x, base.weight, base.bias)
+    d = lora.delta(module, x)
+    return y if d is None else y + d
 
 
 def head(module: nn.Module, h: Tensor) -> Tensor:
@@ -187,10 +193,12 @@ def supported(body: nn.Module) -> bool:
         gate_up = [fused_mlp] if fused_mlp is not None else [m.gate_proj, m.up_proj]
         if _is_dtensor(qkv[0].weight):  # FSDP-sharded: only the layer's own forward gathers it
             return False
-        linears = [*qkv, a.o_proj, *gate_up, m.down_proj]
-        if any(type(x) is not nn.Linear for x in linears) or any(x.bias is not None for x in gate_up):
+        if any(lora.is_lora_layer(x) for x in (fused_qkv, fused_mlp) if x is not None):
+            return False  # adapters on a fused projection: transformers' path
+        linears = [lora.plain_linear(x) for x in (*qkv, a.o_proj, *gate_up, m.down_proj)]
+        if any(x is None for x in linears) or any(lora.plain_linear(x).bias is not None for x in gate_up):
             return False
-        if len({x.bias is None for x in qkv}) != 1:
+        if len({lora.plain_linear(x).bias is None for x in qkv}) != 1:
             return False
         norms = [a._modules.get("q_norm"), a._modules.get("k_norm")]
         if qk_norm:
@@ -242,10 +250,24 @@ class KVBuffers:
         self.v = [v[rows] for v in self.v]
 
 
-def _fused(linears: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
-    w = torch.cat([x.weight for x in linears])
-    b = None if linears[0].bias is None else torch.cat([x.bias for x in linears])
+def _fused(linears: list[nn.Module]) -> tuple[Tensor, Tensor | None]:
+    """The concatenated weight and bias of projections that read the same input (LoRA layers: their
+    frozen bases; :func:`lora.fused_delta` adds the adapters' part)."""
+    bases = [lora.plain_linear(x) for x in linears]
+    w = torch.cat([x.weight for x in bases])
+    b = None if bases[0].bias is None else torch.cat([x.bias for x in bases])
     return w, b
+
+
+def _plus(y: Tensor, d: Tensor | None) -> Tensor:
+    return y if d is None else y + d
+
+
+def _separate(module: nn.Module, *names: str) -> list[nn.Module]:
+    """The named projections of an attention or MLP module; [] where they are fused (Phi-3's qkv_proj,
+    gate_up_proj: :func:`supported` refuses adapters on those, so there is nothing to add)."""
+    found = [module._modules.get(n) for n in names]
+    return [] if any(f is None for f in found) else found
 
 
 def fused_weights(body: nn.Module) -> list[tuple]:
@@ -378,19 +400,21 @@ def forward_hidden(
                 wq, bq = w[: n_q * hd], None if b is None else b[: n_q * hd]
                 w, b = w[n_q * hd :], None if b is None else b[n_q * hd :]
             else:
-                wq, bq = a.q_proj.weight, a.q_proj.bias
+                base_q = lora.plain_linear(a.q_proj)
+                wq, bq = base_q.weight, base_q.bias
                 w, b = _fused([a.k_proj, a.v_proj])
-            kv = linear(x, w, b).view(B, L, 2 * n_kv, hd)
+            kv = _plus(linear(x, w, b), lora.fused_delta(_separate(a, "k_proj", "v_proj"), x)).view(B, L, 2 * n_kv, hd)
             k, v = kv.split([n_kv, n_kv], dim=2)  # split (not slicing): its backward is one cat
             xq = _queries(x, cut, pick)
-            q = linear(xq, wq, bq).view(B, xq.shape[1], n_q, hd)
+            q = _plus(linear(xq, wq, bq), lora.fused_delta(_separate(a, "q_proj"), xq)).view(B, xq.shape[1], n_q, hd)
             if q_norm is not None:
                 q, k = _rms(q, q_norm), _rms(k, a.k_norm)
             q = _rotate(q, _queries(cos, cut, pick), _queries(sin, cut, pick))
             k = _rotate(k, cos, sin)
         else:
             w, b = weights[i][:2] if weights is not None else _qkv(a)
-            qkv = linear(x, w, b).view(B, L, n_q + 2 * n_kv, hd)
+            qkv = _plus(linear(x, w, b), lora.fused_delta(_separate(a, "q_proj", "k_proj", "v_proj"), x))
+            qkv = qkv.view(B, L, n_q + 2 * n_kv, hd)
             if q_norm is None:
                 qk, v = qkv.split([n_q + n_kv, n_kv], dim=2)
                 q, k = _rotate(qk, cos, sin).split([n_q, n_kv], dim=2)
@@ -414,7 +438,7 @@ def forward_hidden(
         h = residual + _proj(a.o_proj, out)
         x = _rms(h, layer.post_attention_layernorm)
         if weights is not None:
-            gate, up = linear(x, weights[i][2]).chunk(2, dim=-1)
+            gate, up = _plus(linear(x, weights[i][2]), lora.fused_delta(_separate(m, "gate_proj", "up_proj"), x)).chunk(2, dim=-1)
         elif "gate_up_proj" in m._modules:  # Phi-3: one fused projection, gate then up
             gate, up = _proj(m.gate_up_proj, x).chunk(2, dim=-1)
         else:  # with autograd, a fused gate/up would cost a weight cat and a (B, L, 2f) gradient cat

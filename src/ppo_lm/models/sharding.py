@@ -55,6 +55,10 @@ def gathered(root: nn.Module):
         yield
         return
     FSDPModule = _fsdp()[0]
+    # FSDP2 must see the root's forward before any layer's; a decode through transformers' forward
+    # (models the lean path does not run, LoRA ones among them) calls the layers directly, so the
+    # root's lazy initialisation is run first (idempotent)
+    root._get_fsdp_state()._lazy_init()
     units = [m for m in root.modules() if isinstance(m, FSDPModule)]
     for m in units:
         m.unshard()
@@ -133,11 +137,12 @@ def full_state(root: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(root, options=_options())
 
 
-def load_full_state(root: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load a full state dict (the same on every rank) into a sharded ``root``."""
+def load_full_state(root: nn.Module, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
+    """Load a full state dict (the same on every rank) into a sharded ``root``; ``strict=False`` for a
+    part of its tensors (LoRA adapters)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    set_model_state_dict(root, state, options=StateDictOptions(full_state_dict=True))
+    set_model_state_dict(root, state, options=StateDictOptions(full_state_dict=True, strict=strict))
 
 
 def full_optim_state(root: nn.Module, opt: torch.optim.Optimizer) -> dict:

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..lanes import Lanes
 from ..models.actor_critic import CriticModel, PolicyModel
+from ..models.lora import adapters_off
 from ..models.sharding import frozen_mode, gathered
 from .batch import RolloutBatch, agreed_length_groups
 from .reward import RewardTerm, Verifier, combine_terms, score_with_model, score_with_verifier
@@ -101,15 +102,27 @@ def collect_rollout(
                     values_all[rows, : w + 1] = out["values"]
             if models.critic is not None:
                 values_all[rows, : w + 1] = models.critic(ids, mask, P)
-        with frozen_mode(models.ref):
-            logp_ref[rows, :w] = models.ref(ids, mask, P, temperature=temperature)["logp"]
+        if not ref_apart:
+            score_ref(rows, w=w)
         for term, out in zip(models.rewards, term_scores):
             if term.model is not None:
                 out[rows] = score_with_model(term.model, ids, mask, last_index[rows])
 
+    def score_ref(rows: Tensor, *, w: int) -> None:
+        with frozen_mode(models.ref):
+            logp_ref[rows, :w] = models.ref(input_ids[rows, : P + w], attention_mask[rows, : P + w], P,
+                                            temperature=temperature)["logp"]
+
+    # A LoRA reference is the policy with its adapters off, a switch of the model shared by every lane:
+    # it is scored in a pass of its own, with the switch held off for the whole pass.
+    ref_apart = models.ref.base_only
     lanes = lanes or Lanes(1)
     for rows, w in groups:
         lanes.map_rows(partial(score_rows, w=w), rows, lengths[rows], P)
+    if ref_apart:
+        with adapters_off(models.ref.lm):
+            for rows, w in groups:
+                lanes.map_rows(partial(score_ref, w=w), rows, lengths[rows], P)
     logp_ref = logp_ref.clone()  # leave inference mode: these tensors are used next to autograd ones
 
     responses_text = response_texts(tokenizer, gen)

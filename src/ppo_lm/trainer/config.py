@@ -53,6 +53,20 @@ class ModelConfig:
     policy and the separate critic: the update's activation memory drops to about one layer's, for
     about one more forward of compute. The numbers trained on are the same. Updates then run on one
     CPU lane."""
+    lora_r: int = 0
+    """LoRA rank (0 = off: every weight trains). With r > 0, low-rank adapters (peft) are added to
+    `lora_target_modules` of the policy and of a separate critic (whose value head trains in full; a
+    shared critic's value head too) and only they train; the frozen reference is the policy with its
+    adapters switched off, so no second copy of the weights is held. Checkpoints hold the adapters
+    (peft's adapter_model.safetensors), `ppo-lm export` merges them (docs/lora.md)."""
+    lora_alpha: float = 32.0
+    """LoRA scaling numerator: each adapter adds (lora_alpha / lora_r)·B·A·x to its layer's output."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input while training. 0 keeps rollout and update numerics identical (the
+    first epoch's ratio is exactly 1); > 0 makes the update's forward differ from the rollout's."""
+    lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Layers that get adapters: 'all-linear' (every linear layer of the transformer body; not the
+    output head) or module names such as q_proj, v_proj (a name matches a module whose path ends in it)."""
     compile_kernels: bool = False
     """Fuse RMSNorm, RoPE and SwiGLU of Qwen2/Llama training forwards/backwards with torch.compile
     (each becomes one loop instead of several passes over its tensor). Costs a compile at start-up
@@ -63,8 +77,11 @@ class ModelConfig:
     """On CPU in a single process: share the rows of each update micro-batch and each scoring forward
     among this many threads that run at once, each with its share of torch's threads; their
     gradients are summed. Fills the gaps where one op's threads would wait between ops (Python, the
-    autograd engine, ops too small to split); each extra lane adds a malloc arena to peak memory (see
-    docs/benchmarks.md). 1 = one thread. Ignored on GPUs and under torchrun."""
+    autograd engine, ops too small to split); each extra lane adds a malloc arena and a copy of the
+    trained models' gradients to peak memory (see docs/benchmarks.md). An upper bound: runs whose
+    trained gradients exceed 256 MiB (models of more than 32 M trained parameters in fp32) and
+    checkpointed models use one lane, as do forwards too small to share. 1 = one thread. Ignored on
+    GPUs and under torchrun."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weight dtype of the policy (and its frozen reference), a reward-model checkpoint and the separate
     critic, as the trainer builds or loads them."""

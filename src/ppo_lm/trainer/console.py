@@ -51,7 +51,13 @@ def banner(trainer) -> str:
                  + (f" · {trainer.learner.lanes.lanes} CPU lanes" if trainer.device.type == "cpu" and trainer.world == 1 else ""))
     lines.append(f"  policy    {type(trainer.policy.lm).__name__} from {cfg.model.policy}: "
                  f"{parameters(trainer.policy)}")
-    lines.append(f"  reference frozen copy of the policy: {parameters(trainer.ref)}")
+    if trainer.ref.base_only:
+        m = cfg.model
+        lines.append(f"  LoRA      r {m.lora_r} · alpha {m.lora_alpha:g} · dropout {m.lora_dropout:g} · "
+                     f"on {','.join(m.lora_target_modules)}")
+        lines.append("  reference the policy with its adapters off (no copy of the weights)")
+    else:
+        lines.append(f"  reference frozen copy of the policy: {parameters(trainer.ref)}")
     if trainer.critic is not None:
         lines.append(f"  critic    {type(trainer.critic.model).__name__}: {parameters(trainer.critic)}")
     elif trainer.shared_critic:

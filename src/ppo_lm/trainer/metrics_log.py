@@ -1,4 +1,4 @@
-"""Where per-iteration diagnostics go: metrics.jsonl, samples.jsonl, the experiment trackers of
+"""Where per-iteration diagnostics go: metrics.jsonl, samples.jsonl, credit.jsonl, the experiment trackers of
 `log.report_to` (trackers.py), a progress bar."""
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ class MetricsLogger:
         self.dir = Path(output_dir)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
+        self.credit_path = self.dir / "credit.jsonl"
         self.total = total
         names = ["tensorboard"] if report_to is None else list(report_to)
         if not tensorboard:
@@ -119,7 +120,15 @@ class MetricsLogger:
             print(f"iteration {iteration}/{self.total}  {headline(metrics)}{took}", flush=True)
 
     def log_samples(self, iteration: int, rows: list[dict]) -> None:
-        with open(self.samples_path, "a") as f:
+        self._append(self.samples_path, iteration, rows)
+
+    def log_credit(self, iteration: int, rows: list[dict]) -> None:
+        """credit.jsonl: one record per sampled episode with its per-token lists (trainer/credit.py)."""
+        self._append(self.credit_path, iteration, rows)
+
+    @staticmethod
+    def _append(path: Path, iteration: int, rows: list[dict]) -> None:
+        with open(path, "a") as f:
             for r in rows:
                 f.write(json.dumps({"iteration": iteration, **r}) + "\n")
 

@@ -36,7 +36,7 @@ from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
 from ..rollout.reward import combine_terms, score_with_verifier
 from ..rollout.sampling import SamplingParams
-from . import builders, console
+from . import adapters, builders, console, credit
 from .config import TrainConfig
 from .config_io import ConfigError, dump_yaml
 from .diagnostics import rollout_metrics
@@ -80,10 +80,8 @@ class PPOTrainer:
         torch.manual_seed(cfg.seed)
         self.tokenizer = tokenizer if tokenizer is not None else builders.build_tokenizer(cfg.model)
         policy_lm = policy if policy is not None else builders.build_policy(cfg, self.tokenizer)
-        self.ref_lm = builders.frozen_copy(policy_lm)
         shared = self.estimator.needs_critic and cfg.model.critic == "shared"
         self.policy = builders.build_policy_module(cfg, policy_lm, with_value_head=shared).to(self.device)
-        self.ref = builders.build_policy_module(cfg, self.ref_lm, with_value_head=False).to(self.device)
         terms = (builders.given_reward_terms(verifier, cfg.model) if verifier is not None
                  else builders.reward_terms(cfg.model, pre.verifiers, cfg.model.dtype))
         for term in terms:
@@ -96,6 +94,11 @@ class PPOTrainer:
         if self.estimator.needs_critic and not shared:
             self.critic = builders.build_critic(cfg.model, policy_lm, self.reward_model).to(self.device)
         self.shared_critic = shared
+        if cfg.model.lora_r:  # only adapters train (docs/lora.md)
+            if self.critic is not None:
+                adapters.add_critic_adapters(cfg, self.critic, policy_lm, self.reward_model)
+            adapters.add_policy_adapters(cfg, self.policy)
+        self.ref = adapters.build_reference(self.policy, builders.frozen_copy).to(self.device)
         if cfg.model.gradient_checkpointing:
             enable_checkpointing(policy_lm)
             if self.critic is not None:
@@ -143,7 +146,8 @@ class PPOTrainer:
         terms = [dataclasses.replace(term, model=RewardScorer(term.model)) if term.model is not None else term
                  for term in terms]
         if cfg.model.fsdp and dist.is_initialized():  # the frozen models too: each rank holds 1/world of them
-            sharding.shard(self.ref, self.ref.lm, bf16=cfg.model.fsdp_bf16)
+            if not self.ref.base_only:  # (a LoRA reference is the policy, sharded with it)
+                sharding.shard(self.ref, self.ref.lm, bf16=cfg.model.fsdp_bf16)
             for term in terms:
                 if term.model is not None:
                     sharding.shard(term.model, term.model.model, bf16=cfg.model.fsdp_bf16)
@@ -228,6 +232,7 @@ class PPOTrainer:
             settings = AdvantageSettings(gamma=a.gamma, lam=a.gae_lambda, critic_lam=a.critic_lambda,
                                          adaptive_lam_alpha=a.adaptive_lambda_alpha)
             advantages, returns = compute_advantages(a.estimator, inputs, settings, all_reduce=dist.all_reduce_sum)
+            raw_advantages = advantages  # before whitening: the credit file shows both
             if a.estimator == "gae" and a.whiten_advantages:
                 advantages = whiten(advantages, mask, all_reduce=dist.all_reduce_sum)
             timings["advantage_s"] = time.perf_counter() - t2
@@ -268,6 +273,7 @@ class PPOTrainer:
         timings["rollout_s"] = timings["generate_s"] + timings["score_s"]
         metrics.update(timings)
         self._last_batch = batch
+        self._last_targets = credit.CreditTargets(rewards, raw_advantages, advantages, returns, reward_beta)
         return metrics
 
     def evaluate(self, iteration: int) -> dict[str, float]:
@@ -338,11 +344,11 @@ class PPOTrainer:
                 # must not pick one up from the β its checkpoint restored
                 self.kl_ctl.value = 0.0
             if dist.is_main():
-                truncate_jsonl(self.output_dir / "metrics.jsonl", start)
-                truncate_jsonl(self.output_dir / "samples.jsonl", start)
+                for name in ("metrics.jsonl", "samples.jsonl", credit.CREDIT_FILE):
+                    truncate_jsonl(self.output_dir / name, start)
         elif cfg.auto_resume and dist.is_main():  # no checkpoint yet: lines of a killed first attempt go
-            truncate_jsonl(self.output_dir / "metrics.jsonl", -1)
-            truncate_jsonl(self.output_dir / "samples.jsonl", -1)
+            for name in ("metrics.jsonl", "samples.jsonl", credit.CREDIT_FILE):
+                truncate_jsonl(self.output_dir / name, -1)
         if dist.is_main():
             dump_yaml(self.config, self.output_dir / "config.yaml")
         logger = MetricsLogger(self.output_dir, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
@@ -366,13 +372,9 @@ class PPOTrainer:
                 history.append(metrics)
                 if logger:
                     logger.log(it, metrics)
-                    if cfg.log.sample_every and it % cfg.log.sample_every == 0:
-                        b = self._last_batch
-                        k = min(cfg.log.num_samples, b.size)
-                        logger.log_samples(it, [
-                            {"prompt": b.prompts[i], "response": b.responses[i], "score": float(b.scores[i])}
-                            for i in range(k)
-                        ])
+                if cfg.log.sample_every and it % cfg.log.sample_every == 0:  # every rank: FSDP forwards are collective
+                    credit.log_samples(logger, it, self._last_batch, self._last_targets, self.policy, self.tokenizer,
+                                       cfg)
                 if it == cfg.iterations or (cfg.log.save_every and it % cfg.log.save_every == 0):
                     save_checkpoint(self.run_state, self.output_dir, it, cfg.log.keep_last)
         finally:

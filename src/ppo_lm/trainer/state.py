@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 from .. import distributed as dist
 from ..algorithms import AdaptiveKLController, FixedKLController
 from ..errors import UserError
-from ..models import sharding
+from ..models import lora, sharding
+from ..models.hf_compat import scalar_head
 from . import checkpoint as ckpt
 from .config_io import ConfigError
 from .learner import Learner
@@ -109,12 +110,11 @@ def save_checkpoint(run: RunState, output_dir: Path, iteration: int, keep_last: 
         tmp = None
         try:
             tmp, final = ckpt.begin(output_dir, iteration)
-            policy.lm.save_pretrained(tmp / "policy", state_dict=_prefixed(policy_full, "lm."), safe_serialization=True)
+            _save_model(policy.lm, tmp / "policy", _prefixed(policy_full, "lm."))
             run.tokenizer.save_pretrained(tmp / "policy")
             ckpt.kill_point("policy", iteration)
             if critic is not None:
-                critic.model.save_pretrained(tmp / "critic", state_dict=_prefixed(critic_full, "model."),
-                                             safe_serialization=True)
+                _save_model(critic.model, tmp / "critic", _prefixed(critic_full, "model."))
                 run.tokenizer.save_pretrained(tmp / "critic")
                 ckpt.kill_point("critic", iteration)
             if policy.value_head is not None:
@@ -130,6 +130,8 @@ def save_checkpoint(run: RunState, output_dir: Path, iteration: int, keep_last: 
                     "critic_sched": u.critic_sched.state_dict() if u.critic_sched else None,
                     "kl_ctl": run.kl_ctl.state_dict(),
                     "rng": rng_per_rank,
+                    "lora_base": _lora_bases(policy.lm, _prefixed(policy_full, "lm."),
+                                             critic.model if critic else None, _prefixed(critic_full, "model.")),
                 }, fh)
             ckpt.kill_point("trainer_state", iteration)
             ckpt.commit(tmp, final, keep_last)
@@ -144,6 +146,43 @@ def save_checkpoint(run: RunState, output_dir: Path, iteration: int, keep_last: 
     if failures[0] is not None:
         raise CheckpointWriteError(failures[0])
     return final
+
+
+def _save_model(model: torch.nn.Module, directory: Path, state: dict) -> None:
+    """A trained model's checkpoint directory: ``save_pretrained`` (config + weights), or, for a LoRA
+    model, its adapters as peft saves them plus its fully trained head (a separate critic's value head),
+    never the frozen base (the run's model.policy / critic_init rebuilds it)."""
+    if not lora.has_adapters(model):
+        model.save_pretrained(directory, state_dict=state, safe_serialization=True)
+        return
+    lora.save_adapters(model, directory, state)
+    head = _head_tensors(model, state)
+    if head:
+        save_file({k: v.contiguous() for k, v in head.items()}, str(directory / VALUE_HEAD))
+
+
+VALUE_HEAD = "value_head.safetensors"
+
+
+def _head_tensors(model: torch.nn.Module, state: dict) -> dict:
+    """A LoRA critic's value-head tensors of ``state`` (keys relative to ``model``); empty for a policy."""
+    try:
+        head = scalar_head(model)
+    except ValueError:
+        return {}
+    name = next(n for n, m in model.named_modules() if m is head)
+    return {k: v for k, v in state.items() if k.startswith(name + ".")}
+
+
+def _lora_bases(policy_lm, policy_state: dict, critic_model, critic_state: dict) -> dict:
+    """Fingerprints of the frozen bases under LoRA adapters (:func:`lora.base_fingerprint`; the
+    critic's trained value head left out); empty without LoRA."""
+    out = {}
+    for name, model, state in (("policy", policy_lm, policy_state), ("critic", critic_model, critic_state)):
+        if lora.has_adapters(model):
+            head = _head_tensors(model, state)
+            out[name] = lora.base_fingerprint({k: v for k, v in state.items() if k not in head})
+    return out
 
 
 class CheckpointWriteError(UserError):
@@ -205,7 +244,7 @@ def _numpy_array_types() -> list:
     return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
-def _read_trainer_state(path: Path) -> dict:
+def read_trainer_state(path: Path) -> dict:
     """``trainer_state.pt`` unpickled with ``weights_only``: tensors, plain Python values and NumPy
     arrays only, so a checkpoint from elsewhere cannot run code on resume."""
     import pickle
@@ -230,13 +269,13 @@ def _read(path: Path, run: RunState) -> tuple[dict, dict, dict]:
         raise DamagedCheckpointError(problem)
     policy, critic = run.learner.policy, run.learner.critic
     try:
-        st = _read_trainer_state(path / "trainer_state.pt")
-        full = {f"lm.{k}": v for k, v in _load_weights(path / "policy").items()}
+        st = read_trainer_state(path / "trainer_state.pt")
+        full = {f"lm.{k}": v for k, v in _load_model(path / "policy", policy.lm).items()}
         if policy.value_head is not None:
             full.update({f"value_head.{k}": v for k, v in load_file(str(path / "value_head.safetensors")).items()})
         critic_full = {}
         if critic is not None and (path / "critic").is_dir():
-            critic_full = {f"model.{k}": v for k, v in _load_weights(path / "critic").items()}
+            critic_full = {f"model.{k}": v for k, v in _load_model(path / "critic", critic.model).items()}
     except DamagedCheckpointError:
         raise
     except (OSError, ValueError, RuntimeError) as e:  # safetensors' errors included
@@ -253,7 +292,35 @@ def _read(path: Path, run: RunState) -> tuple[dict, dict, dict]:
         if not critic_full:
             raise ConfigError(f"checkpoint {path} has no critic but this run uses a separate critic")
         _check_keys(critic.model, _prefixed(critic_full, "model."), "critic")
+    _check_lora_bases(path, st.get("lora_base") or {}, policy, critic)
     return st, full, critic_full
+
+
+def _load_model(directory: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors :func:`_save_model` wrote for ``model``: all its weights, or its LoRA adapters (and a
+    LoRA critic's value head)."""
+    if not lora.has_adapters(model):
+        return _load_weights(directory)
+    if not (directory / lora.ADAPTER_CONFIG).is_file():
+        raise ConfigError(f"checkpoint directory {directory} holds no LoRA adapters ({lora.ADAPTER_CONFIG}), but "
+                          "this run trains with model.lora_r > 0; resume with the run's own settings")
+    tensors = lora.read_adapters(directory)
+    if (directory / VALUE_HEAD).is_file():
+        tensors.update(load_file(str(directory / VALUE_HEAD)))
+    return tensors
+
+
+def _check_lora_bases(path: Path, saved: dict, policy, critic) -> None:
+    """The frozen bases under the adapters are the ones the checkpoint's adapters were trained on."""
+    models = {"policy": policy.lm, "critic": critic.model if critic else None}
+    for name, fingerprint in saved.items():
+        model = models[name]
+        state = model.state_dict()  # (sharded tensors are gathered one by one, on every rank)
+        head = _head_tensors(model, state)
+        now = lora.base_fingerprint({k: v for k, v in state.items() if k not in head})
+        if any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(now, fingerprint)):
+            raise ConfigError(f"checkpoint {path}: the {name}'s base weights differ from the ones its LoRA adapters "
+                              "were trained on; resume with the run's own model.policy (and reward model)")
 
 
 def load_checkpoint(run: RunState, output_dir: Path) -> int:
@@ -280,9 +347,9 @@ def _apply(run: RunState, st: dict, full: dict, critic_full: dict) -> None:
     u = run.learner
     policy, critic = u.policy, u.critic
     if sharding.is_sharded(policy):
-        sharding.load_full_state(policy, full)
+        sharding.load_full_state(policy, full, strict=not lora.has_adapters(policy.lm))
         if critic is not None:
-            sharding.load_full_state(critic, critic_full)
+            sharding.load_full_state(critic, critic_full, strict=not lora.has_adapters(critic.model))
         sharding.load_full_optim_state(policy, u.actor_opt, st["actor_opt"])
         if u.critic_opt is not None and st["critic_opt"] is not None:
             sharding.load_full_optim_state(critic if critic is not None else policy, u.critic_opt,
@@ -303,8 +370,12 @@ def _apply(run: RunState, st: dict, full: dict, critic_full: dict) -> None:
 
 
 def _check_keys(model: torch.nn.Module, sd: dict, name: str) -> None:
-    # save_pretrained drops tied duplicates, so those may be missing; nothing else may.
-    missing = [k for k in model.state_dict() if k not in sd]
+    # save_pretrained drops tied duplicates, so those may be missing; nothing else may. A LoRA model's
+    # checkpoint holds its adapters (and a critic's head) only.
+    expected = model.state_dict()
+    if lora.has_adapters(model):
+        expected = [k for k in expected if lora.is_adapter_key(k)] + list(_head_tensors(model, expected))
+    missing = [k for k in expected if k not in sd]
     untied = set(missing) - {k for k in missing if "lm_head" in k or "embed" in k}
     if untied:
         raise ConfigError(f"checkpoint {name} weights do not match the model: missing {sorted(untied)[:5]}")

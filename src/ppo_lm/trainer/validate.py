@@ -32,6 +32,28 @@ def _check_builtin(cfg: TrainConfig) -> None:
             )
 
 
+def _check_lora(cfg: TrainConfig) -> None:
+    m = cfg.model
+    if m.lora_r < 0:
+        raise ConfigError(f"`model.lora_r` must be >= 0 (0 = no LoRA), got {m.lora_r}")
+    if not m.lora_r:
+        return
+    _pos("model.lora_alpha", m.lora_alpha)
+    if not 0 <= m.lora_dropout < 1:
+        raise ConfigError(f"`model.lora_dropout` must lie in [0, 1), got {m.lora_dropout}")
+    targets = m.lora_target_modules
+    if not targets or any(not isinstance(t, str) or not t.strip() for t in targets):
+        raise ConfigError("`model.lora_target_modules` must name at least one module (e.g. q_proj,v_proj) or be "
+                          f"all-linear, got {targets!r}")
+    if "all-linear" in targets and len(targets) > 1:
+        raise ConfigError(f"`model.lora_target_modules`: 'all-linear' already names every linear layer; give it "
+                          f"alone or list module names, got {targets!r}")
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError("`model.lora_r` > 0 needs the peft package: pip install 'ppo-lm[lora]'")
+
+
 def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
     """Raise :class:`ConfigError` naming the first bad field."""
     check_types(cfg)
@@ -89,6 +111,7 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
         raise ConfigError(f"`optim.max_nonfinite_in_row` must be >= 1, got {o.max_nonfinite_in_row}")
     if not 0 <= cfg.model.value_grad_scale <= 1:
         raise ConfigError(f"`model.value_grad_scale` must lie in [0, 1], got {cfg.model.value_grad_scale}")
+    _check_lora(cfg)
     unknown = [x for x in log.report_to if x not in TRACKERS]
     if unknown:
         raise ConfigError(f"`log.report_to`: unknown tracker(s) {unknown}; choose from {', '.join(TRACKERS)}")

@@ -1,0 +1,69 @@
+"""LoRA in a run (``model.lora_r`` > 0, docs/lora.md): adapters on the policy and a separate critic, the
+reference as the policy with its adapters off, and frozen bodies shared instead of copied."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..models import lora
+from ..models.actor_critic import AdaptersOff, CriticModel, PolicyModel
+from ..models.hf_compat import scalar_head, trunk
+from .config import ModelConfig, TrainConfig
+from .config_io import ConfigError
+
+
+def lora_settings(m: ModelConfig) -> lora.LoraSettings | None:
+    """The run's LoRA settings, or None when ``model.lora_r`` is 0."""
+    if not m.lora_r:
+        return None
+    return lora.LoraSettings(r=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout,
+                             target_modules=tuple(m.lora_target_modules))
+
+
+def _add(model: nn.Module, cfg: TrainConfig, name_or_path: str | None) -> None:
+    try:
+        lora.add_adapters(model, lora_settings(cfg.model), seed=cfg.seed, name_or_path=name_or_path)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def add_policy_adapters(cfg: TrainConfig, policy: PolicyModel) -> None:
+    """LoRA on the policy's language model; a shared critic's value head keeps training in full."""
+    base = None if cfg.model.policy == "builtin" else cfg.model.policy
+    _add(policy.lm, cfg, base)
+
+
+def build_reference(policy: PolicyModel, frozen_copy) -> PolicyModel | AdaptersOff:
+    """The frozen reference π_ref: with LoRA, the policy run with its adapters off (one copy of the
+    weights); otherwise ``frozen_copy(policy.lm)`` (the policy's weights as they start)."""
+    if lora.has_adapters(policy.lm):
+        return AdaptersOff(policy)
+    return PolicyModel(frozen_copy(policy.lm))
+
+
+def add_critic_adapters(cfg: TrainConfig, critic: CriticModel, policy_lm: nn.Module,
+                        reward_model: nn.Module | None) -> None:
+    """LoRA on a separate critic's body; its value head trains in full. The model whose body the critic
+    started from (``model.critic_init``: the reward model or the policy) is frozen, as is the critic's
+    base, so the critic holds those weights by reference, not as a copy."""
+    source = cfg.model.critic_init
+    if source == "auto":
+        source = "reward" if reward_model is not None else "policy"
+    donor = {"reward": reward_model, "policy": policy_lm}.get(source)
+    body = trunk(critic.model)
+    if donor is not None:
+        share_weights(body, trunk(donor))
+    _add(critic.model, cfg, None)
+    scalar_head(critic.model).requires_grad_(True)
+
+
+def share_weights(target: nn.Module, source: nn.Module) -> None:
+    """Make ``target``'s parameters and buffers the very tensors of ``source`` where they are equal
+    (same names, shapes and values): one copy in memory. For bodies that neither side trains."""
+    src = dict(source.named_parameters(remove_duplicate=False)) | dict(source.named_buffers())
+    src = {k.replace(".base_layer.", "."): v for k, v in src.items()}  # a LoRA donor's frozen base layers
+    for name, p in list(target.named_parameters(remove_duplicate=False)) + list(target.named_buffers()):
+        s = src.get(name)
+        if s is None or s.shape != p.shape or s.dtype != p.dtype or s.device != p.device or not s.data.equal(p.data):
+            continue
+        p.data = s.data

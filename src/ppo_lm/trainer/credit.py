@@ -1,0 +1,139 @@
+"""The token-level credit file, credit.jsonl (docs/report.md): for the episodes samples.jsonl shows, every
+per-token quantity of steps 1–4 — log-probs, KL, shaped reward, value, TD residual, advantage before and
+after whitening, return, and the ratio after the update — one JSON line per episode, a list per quantity.
+
+``ppo-lm report`` (:mod:`ppo_lm.report`) draws it; the file is plain JSON for any other tool too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..algorithms import adaptive_lambda, kl_penalty
+from ..algorithms.advantages import td_residuals
+from ..rollout.batch import RolloutBatch
+from .config import AlgoConfig, TrainConfig
+
+CREDIT_FILE = "credit.jsonl"
+
+PER_TOKEN_KEYS = ("logp_old", "logp_ref", "kl", "reward", "value", "delta", "advantage_raw", "advantage",
+                  "return", "ratio")
+"""The per-token lists of a record, in order; ``value``, ``delta`` and ``return`` are null without a critic."""
+
+
+@dataclass(frozen=True)
+class CreditTargets:
+    """Steps 2–3's per-token tensors of one rollout, (B, T) each as the rollout's response block.
+
+    rewards: shaped rewards r_t (the ones the advantages were computed from).
+    advantages_raw: the estimator's Â, before the trainer whitens it (GAE with `algo.whiten_advantages`).
+    advantages: the Â the update trained on.
+    returns: critic targets R̂_t, or None without a critic.
+    kl_coef: the β that shaped ``rewards`` (0 when the KL is a loss term).
+    """
+
+    rewards: Tensor
+    advantages_raw: Tensor
+    advantages: Tensor
+    returns: Tensor | None
+    kl_coef: float
+
+
+def _num(x: float) -> float | None:
+    """7 significant digits (float32 holds about as many) keeps the file compact; JSON has no NaN/inf."""
+    return float(f"{x:.7g}") if math.isfinite(x) else None
+
+
+def _row(t: Tensor | None, i: int, n: int) -> list[float | None] | None:
+    return None if t is None else [_num(x) for x in t[i, :n].double().tolist()]
+
+
+def ratio_after_update(policy, batch: RolloutBatch, temperature: float) -> Tensor:
+    """π_θ(a_t | x_t)/π_old(a_t | x_t) of ``batch``'s response tokens under the updated ``policy``: one
+    forward without gradients, computed as the rollout computes logp_old (same forward, same temperature).
+    A forward consumes no random numbers (the policy runs in eval mode), so a resumed run stays bit-exact.
+
+    Returns (B, T) fp32, 0 on padding.
+    """
+    with torch.no_grad():
+        logp = policy(batch.input_ids, batch.attention_mask, batch.prompt_width, temperature=temperature)["logp"]
+    return torch.exp(logp.float() - batch.logp_old.float()).where(batch.response_mask, 0)
+
+
+def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, tokenizer, algo: AlgoConfig,
+                   k: int) -> list[dict]:
+    """One record per episode for the first ``k`` rows of ``batch`` (the rows samples.jsonl shows).
+
+    ``targets``: the whole batch's tensors (B, T); ``ratio``: (k, T) from :func:`ratio_after_update` on
+    the same rows. δ_t is recomputed with :func:`~ppo_lm.algorithms.advantages.td_residuals` — the terms
+    GAE accumulates — so Â_raw_t = Σ_l (γλ)^l δ_{t+l} holds on every record of a GAE run.
+    """
+    rows = torch.arange(k, device=batch.input_ids.device)
+    b = batch.select(rows, trim=False)
+    mask = b.response_mask
+    lengths = mask.sum(1)
+    rewards = targets.rewards[:k]
+    kl = kl_penalty(b.logp_old, b.logp_ref, algo.kl_estimator).where(mask, 0)
+    deltas = lam = None
+    if b.values_old is not None:
+        deltas = td_residuals(rewards, b.values_old, mask, gamma=algo.gamma, terminated=b.terminated,
+                              bootstrap_values=b.bootstrap_values)
+    if algo.estimator == "gae":
+        lam = ([algo.gae_lambda] * k if algo.adaptive_lambda_alpha is None
+               else adaptive_lambda(lengths, algo.adaptive_lambda_alpha).tolist())
+    per_token = {
+        "logp_old": b.logp_old, "logp_ref": b.logp_ref, "kl": kl, "reward": rewards, "value": b.values_old,
+        "delta": deltas, "advantage_raw": targets.advantages_raw[:k], "advantage": targets.advantages[:k],
+        "return": None if targets.returns is None else targets.returns[:k], "ratio": ratio,
+    }
+    per_token = {key: None if t is None else t.detach().cpu() for key, t in per_token.items()}
+    ids = b.input_ids[:, b.prompt_width:].cpu()
+    records = []
+    for i in range(k):
+        n = int(lengths[i])
+        token_ids = ids[i, :n].tolist()
+        terminated = bool(b.terminated[i])
+        boot = None
+        if not terminated and b.bootstrap_values is not None:  # only a truncated row's last δ uses it
+            boot = _num(float(b.bootstrap_values[i]))
+        records.append({
+            "episode": i,
+            "prompt": b.prompts[i] if b.prompts else "",
+            "response": b.responses[i] if b.responses else "",
+            "score": _num(float(b.scores[i])),
+            "terminated": terminated,
+            "bootstrap_value": boot,
+            "estimator": algo.estimator,
+            "gamma": algo.gamma,
+            "lam": None if lam is None else _num(float(lam[i])),
+            "kl_coef": _num(float(targets.kl_coef)),
+            "kl_estimator": algo.kl_estimator,
+            "whitened": algo.estimator == "gae" and algo.whiten_advantages,
+            "token_ids": token_ids,
+            "tokens": [tokenizer.decode([t], skip_special_tokens=False) for t in token_ids],
+            **{key: _row(per_token[key], i, n) for key in PER_TOKEN_KEYS},
+        })
+    return records
+
+
+def log_samples(logger, iteration: int, batch: RolloutBatch, targets: CreditTargets, policy, tokenizer,
+                cfg: TrainConfig) -> None:
+    """samples.jsonl and credit.jsonl rows of the first `log.num_samples` episodes of ``batch``.
+
+    Every rank calls it, with ``logger`` None but on the main one: the ratio forward is collective under
+    FSDP (each rank runs it on as many rows); only the main rank writes.
+    """
+    k = min(cfg.log.num_samples, batch.size)
+    rows = batch.select(torch.arange(k, device=batch.input_ids.device), trim=False)
+    ratio = ratio_after_update(policy, rows, cfg.rollout.temperature or 1.0)
+    if logger is None:
+        return
+    logger.log_samples(iteration, [
+        {"prompt": batch.prompts[i], "response": batch.responses[i], "score": float(batch.scores[i])}
+        for i in range(k)
+    ])
+    logger.log_credit(iteration, credit_records(batch, targets, ratio, tokenizer, cfg.algo, k))

@@ -1,0 +1,130 @@
+"""`ppo-lm compare` at smoke sizes: its outputs, the spread over seeds against a hand calculation, one
+real run in a fresh process, and its errors (each before any model loads)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ppo_lm import compare
+from ppo_lm.cli import main
+from ppo_lm.compare_report import smooth, spread, summarize
+from ppo_lm.trainer.config import TrainConfig
+
+
+def _in_process(run, config_path, log_path):
+    """The smoke runs in this process: a fresh one costs seconds of imports each, and
+    test_a_run_is_a_fresh_process_with_its_own_peak_rss checks the real runner."""
+    from ppo_lm.trainer.config_io import dump_yaml
+    from ppo_lm.trainer.ppo import PPOTrainer
+
+    dump_yaml(run, config_path)
+    PPOTrainer(run).train()
+    return 1.5, 100.0
+
+
+def test_compare_writes_the_summary_the_table_and_the_curves(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(compare, "run_one", _in_process)
+    out = tmp_path / "cmp"
+    assert main(["compare", "--smoke", "--estimators", "gae,grpo", "--seeds", "0,1", "--iterations", "2",
+                 "--output-dir", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert list(s["estimators"]) == ["gae", "grpo"]
+    # seed-major order: every estimator of a seed before the next seed
+    assert [(r["estimator"], r["seed"]) for r in s["runs"]] == [("gae", 0), ("grpo", 0), ("gae", 1), ("grpo", 1)]
+    assert s["settings"]["num_prompts"] * s["settings"]["samples_per_prompt"] == 8
+    for r in s["runs"]:
+        rows = [json.loads(x) for x in (out / "runs" / f"{r['estimator']}-seed{r['seed']}" / "metrics.jsonl")
+                .read_text().splitlines()]
+        assert [x["iteration"] for x in rows] == [0, 1, 2]  # the evaluation before training, then each iteration
+        assert r["accuracy_before"] == rows[0]["eval_score"] and r["accuracy_after"] == rows[-1]["eval_score"]
+        assert r["sampled_tokens"] == round(sum(x["response_length_mean"] * 8 for x in rows[1:]))
+        assert r["wall_s"] == 1.5 and r["peak_rss_mb"] == 100.0
+    # one start and one held-out set: greedy accuracy before training is the same in every run
+    assert len({r["accuracy_before"] for r in s["runs"]}) == 1
+    assert s["estimators"]["gae"]["models_held"] == ["policy", "reference", "critic"]
+    assert s["estimators"]["grpo"]["models_held"] == ["policy", "reference"]
+    g = s["estimators"]["grpo"]
+    after = [r["accuracy_after"] for r in s["runs"] if r["estimator"] == "grpo"]
+    assert g["accuracy_after"]["mean"] == pytest.approx(sum(after) / 2)
+    assert g["accuracy_after"]["std"] == pytest.approx(abs(after[0] - after[1]) / math.sqrt(2))
+    md = (out / "summary.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| estimator")]
+    assert [r.split("|")[1].strip() for r in rows] == ["gae", "grpo"]
+    assert rows[0].endswith("| 3 (policy, reference, critic) |") and rows[1].endswith("| 2 (policy, reference) |")
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "sft" / "model.safetensors").is_file() and (out / "heldout.jsonl").is_file()
+    assert "| gae |" in capsys.readouterr().out
+    # a second comparison into the same directory needs --overwrite
+    assert main(["compare", "--smoke", "--output-dir", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_spread_and_summary_against_a_hand_calculation():
+    s = spread([0.2, 0.5, 0.8])
+    # mean 0.5; deviations −0.3, 0, 0.3; sample variance (0.09 + 0 + 0.09) / (3 − 1) = 0.09
+    assert s["mean"] == pytest.approx(0.5) and s["std"] == pytest.approx(0.3)
+    assert (s["min"], s["max"], s["n"]) == (0.2, 0.8, 3)
+    assert spread([0.4]) == {"mean": 0.4, "std": 0.0, "min": 0.4, "max": 0.4, "n": 1}
+    runs = [{"estimator": "rloo", "seed": seed, "accuracy_before": 0.2, "accuracy_after": after,
+             "sampled_tokens": tokens, "wall_s": 10.0 + seed, "peak_rss_mb": 300.0, "models_held": ["policy", "reference"]}
+            for seed, after, tokens in [(0, 0.5, 1000), (1, 0.6, 1100)]]
+    e = summarize(runs)["rloo"]
+    # gains 0.3 and 0.4: mean 0.35, sample std |0.4 − 0.3| / √2
+    assert e["gain"]["mean"] == pytest.approx(0.35) and e["gain"]["std"] == pytest.approx(0.1 / math.sqrt(2))
+    assert e["sampled_tokens"]["mean"] == 1050 and e["wall_s"]["max"] == 11.0 and e["seeds"] == [0, 1]
+    assert smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+
+
+def test_a_run_is_a_fresh_process_with_its_own_peak_rss(tmp_path):
+    run = TrainConfig(iterations=1, output_dir=str(tmp_path / "run"))
+    run.model.builtin_hidden_size = 16
+    run.rollout.num_prompts, run.rollout.max_new_tokens = 2, 2
+    run.optim.epochs, run.optim.num_minibatches = 1, 1
+    run.data.builtin_num_prompts = 8
+    run.log.report_to, run.log.progress = [], False
+    wall, rss = compare.run_one(run, tmp_path / "run.yaml", tmp_path / "run.log")
+    assert (tmp_path / "run" / "metrics.jsonl").is_file() and wall > 0
+    assert 50 < rss < 4000  # MB: torch alone is over 50; a KB/MB mix-up would be 1000× off
+    run.output_dir, run.model.reward = str(tmp_path / "bad"), "no_such_module_xyz:score"
+    with pytest.raises(compare.CompareError, match=r"failed \(status 2\): ppo-lm: error: .*no_such_module_xyz"):
+        compare.run_one(run, tmp_path / "bad.yaml", tmp_path / "bad.log")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--estimators", "gae,ppo2"], "unknown estimator(s) 'ppo2'; choose from gae, grpo"),
+    (["--seeds", "0,x"], "argument --seeds: invalid comma-separated list of distinct integers value: '0,x'"),
+    (["--seeds", "1,1"], "argument --seeds: invalid comma-separated list of distinct integers value: '1,1'"),
+    (["--seeds", "-1"], "--seeds must be >= 0"),
+    (["--estimators", ""], "argument --estimators: invalid comma-separated list value: ''"),
+    (["--iterations", "0"], "--iterations must be >= 1, got 0"),
+    (["--policy", "nowhere"], "--policy 'nowhere' is not a directory"),
+    (["--config", "missing.yaml"], "config file not found: missing.yaml"),
+])
+def test_compare_errors_are_one_line_before_any_run(tmp_path, capsys, args, message):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--output-dir", str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ppo-lm: error: ") and err.count("\n") == 1 and message in err, err
+    assert not (out / "runs").exists()
+
+
+def test_compare_config_is_merged_and_checked_per_estimator(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rollout:\n  samples_per_prompt: 1\n  num_prompts: 128\n")
+    assert main(["compare", "--config", str(cfg), "--output-dir", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert "estimator 'grpo': `algo.estimator`='grpo' compares samples of the same prompt" in err, err
+    c = compare.parse_args(["--config", str(cfg), "--estimators", "gae", "--iterations", "7",
+                            "--output-dir", str(tmp_path / "ok")])
+    compare.check_compare(c)
+    run = compare.run_config(c, "gae", 3)
+    assert (run.rollout.samples_per_prompt, run.rollout.num_prompts, run.iterations, run.seed) == (1, 128, 7, 3)
+    assert run.rollout.max_new_tokens == 6  # the demo's, which the file leaves alone
+    assert run.model.policy == str(tmp_path / "ok" / "sft")
+    assert run.data.eval_prompts == str(tmp_path / "ok" / "heldout.jsonl")
+    (tmp_path / "ok" / "summary.json").write_text("{}")
+    c.overwrite = True
+    compare.check_compare(c)  # an earlier comparison's outputs are replaced with --overwrite
