@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from torch import nn
 from trainer_helpers import length_reward, tiny_config
 
 from ppo_lm import lanes as lanes_module
@@ -120,6 +121,23 @@ def test_one_lane_runs_inline_and_resolution_rules():
     assert resolve_lanes(4, torch.device("cpu"), distributed=False) == 2  # not more lanes than threads
     assert resolve_lanes(2, torch.device("cpu"), distributed=True) == 1
     assert resolve_lanes(2, torch.device("cuda"), distributed=False) == 1
+
+
+def test_big_trained_models_keep_one_lane(monkeypatch):
+    """Each extra lane holds a copy of every trained gradient: above MAX_LANE_GRADIENT_BYTES of them a
+    run with ``cpu_lanes`` 0 (auto) keeps one lane; frozen parameters and a shared parameter count once."""
+    torch.set_num_threads(2)
+    policy, critic = nn.Linear(10, 10), nn.Linear(10, 10)  # 110 parameters each: 440 bytes
+    frozen = nn.Linear(100, 100).requires_grad_(False)
+    assert lanes_module.gradient_bytes(policy, critic, frozen, None) == 880
+    assert lanes_module.gradient_bytes(policy, policy) == 440
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(lanes_module, "MAX_LANE_GRADIENT_BYTES", 880)
+    assert lanes_module.lanes_for(0, cpu, False, policy, critic).lanes == 2  # 0 = auto
+    monkeypatch.setattr(lanes_module, "MAX_LANE_GRADIENT_BYTES", 879)
+    assert lanes_module.lanes_for(0, cpu, False, policy, critic).lanes == 1
+    assert lanes_module.lanes_for(0, cpu, False, policy).lanes == 2
+    assert lanes_module.lanes_for(2, cpu, False, policy, critic).lanes == 2  # an explicit count is honoured
 
 
 def _trainer(tmp_path, lanes, **overrides):

@@ -170,7 +170,7 @@ def save_w3_reward(policy: str, root: Path, seed: int = 0):
 
 def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None], output_dir: str, iterations: int,
                 threads: int, compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False,
-                cpu_lanes: int | None = None):
+                cpu_lanes: int | None = None, lora_r: int = 0):
     """The workload as a TrainConfig (``paths`` = policy, reward model, tokenizer directories; W3's
     tokenizer is None: the policy's own)."""
     from .trainer.config import TrainConfig
@@ -182,6 +182,7 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None],
     cfg.rollout.logp_from_sampler = logp_from_sampler
     if cpu_lanes is not None:
         m.cpu_lanes = cpu_lanes
+    m.lora_r = lora_r
     cfg.data.shuffle = False
     r.num_prompts, r.samples_per_prompt, r.max_new_tokens, r.temperature = shape.batch, 1, shape.response_len, 1.0
     if workload in ("w1", "w3"):
@@ -320,7 +321,7 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
 def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_out: bool = False, *,
               warmup: int = 1, tiny: bool = False, compare_hf_generate: bool = False,
               compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False,
-              cpu_lanes: int | None = None, policy: str | None = None) -> dict:
+              cpu_lanes: int | None = None, policy: str | None = None, lora_r: int = 0) -> dict:
     """Build the workload, run ``warmup + iterations`` trainer iterations and report throughput
     (``policy``: W3's model, a ``.gguf`` file or a save_pretrained directory).
 
@@ -350,7 +351,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         else:
             paths, rows = save_models(root, shape), random_prompts(n_rows, shape)
         cfg = make_config(workload, shape, paths, str(root / "run"), warmup + iterations, threads, compile_kernels,
-                          device, logp_from_sampler, cpu_lanes)
+                          device, logp_from_sampler, cpu_lanes, lora_r)
         t_build = time.perf_counter()
         trainer = PPOTrainer(cfg, prompt_rows=rows)
         build_s = time.perf_counter() - t_build
@@ -393,6 +394,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         "build_s": round(build_s, 3),
         "compile_kernels": kernels.compiled(), "logp_from_sampler": logp_from_sampler,
         "cpu_lanes": trainer.learner.lanes.lanes,
+        "lora_r": lora_r,
         "peak_rss_mb": round(rss_mb), **load,
         **({"policy": str(policy)} if policy is not None else {}),
         "device": device, "torch": torch.__version__,
@@ -430,7 +432,10 @@ def bench_command(argv: list[str]) -> dict:
     ap.add_argument("--logp-from-sampler", action="store_true",
                     help="rollout.logp_from_sampler: logp_old from the decode logits (no policy scoring forward)")
     ap.add_argument("--cpu-lanes", type=int, default=None,
-                    help="model.cpu_lanes (default: the config's, 2): threads that each update/score a share of the rows")
+                    help="model.cpu_lanes (default: auto, two lanes, one for models of more than 32 M trained "
+                         "parameters): threads that each update/score a share of the rows")
+    ap.add_argument("--lora-r", type=int, default=0,
+                    help="model.lora_r: train LoRA adapters of this rank on every linear layer (0: every weight)")
     ap.add_argument("--device", default="cpu", help="cpu (W1's definition) or cuda / cuda:N")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests only
     args = ap.parse_args(argv)
@@ -440,6 +445,8 @@ def bench_command(argv: list[str]) -> dict:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
     if args.cpu_lanes is not None and args.cpu_lanes < 1:
         raise UsageError(f"--cpu-lanes must be >= 1, got {args.cpu_lanes}")
+    if args.lora_r < 0:
+        raise UsageError(f"--lora-r must be >= 0, got {args.lora_r}")
     if args.workload == "w3" and args.policy is None:
         raise UsageError("--workload w3 needs --policy PATH (a .gguf file, e.g. SmolLM2-135M-Instruct's, or a "
                          "save_pretrained model directory)")
@@ -460,6 +467,7 @@ def bench_command(argv: list[str]) -> dict:
     return run_bench(args.workload, args.iterations, args.threads, args.json, warmup=args.warmup, tiny=args.tiny,
                      compare_hf_generate=args.compare_hf_generate, compile_kernels=args.compile_kernels,
                      device=args.device, logp_from_sampler=args.logp_from_sampler, cpu_lanes=args.cpu_lanes,
+                     lora_r=args.lora_r,
                      policy=args.policy)
 
 

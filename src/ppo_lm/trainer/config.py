@@ -73,15 +73,15 @@ class ModelConfig:
     (shorter once inductor's disk cache is warm) and needs a C++ compiler (CPU) or Triton (GPU); the
     gain is largest with cpu_lanes = 1 (see docs/benchmarks.md). Falls back to eager kernels with a
     warning when no compiler is usable."""
-    cpu_lanes: int = 2
+    cpu_lanes: int = 0
     """On CPU in a single process: share the rows of each update micro-batch and each scoring forward
     among this many threads that run at once, each with its share of torch's threads; their
     gradients are summed. Fills the gaps where one op's threads would wait between ops (Python, the
     autograd engine, ops too small to split); each extra lane adds a malloc arena and a copy of the
-    trained models' gradients to peak memory (see docs/benchmarks.md). An upper bound: runs whose
-    trained gradients exceed 256 MiB (models of more than 32 M trained parameters in fp32) and
-    checkpointed models use one lane, as do forwards too small to share. 1 = one thread. Ignored on
-    GPUs and under torchrun."""
+    trained models' gradients to peak memory (see docs/benchmarks.md). 0 = auto: two lanes, one when
+    the trained gradients exceed 256 MiB (more than 32 M trained parameters in fp32; LoRA trains only
+    its adapters). N >= 1: N lanes (at most torch's thread count). Checkpointed models use one lane,
+    as do forwards too small to share. Ignored on GPUs and under torchrun."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weight dtype of the policy (and its frozen reference), a reward-model checkpoint and the separate
     critic, as the trainer builds or loads them."""

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .. import distributed as dist
 from ..algorithms import ObjectiveSettings, StatsAggregator, UpdateStats, loss_units, ppo_objective
-from ..lanes import Backward
+from ..lanes import Backward, release_free_memory
 from ..models import sharding
 from ..models.actor_critic import packs_sequences
 from ..models.hf_compat import checkpointing_on
@@ -152,6 +152,8 @@ def ppo_update(
     stats, skipped, in_row, max_in_row = StatsAggregator(), 0, nonfinite_in_row, nonfinite_in_row
     lr_actor = lr_critic = None
 
+    if batch.input_ids.device.type == "cpu":
+        release_free_memory()  # sampling's and scoring's freed temporaries: not resident during the update
     with checkpointing_on(learner.policy, learner.critic):  # (a no-op unless a model checkpoints)
         for epoch in range(o.epochs):
             perm = torch.randperm(B, generator=shuffle_gen).to(batch.input_ids.device)

@@ -62,7 +62,7 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
         raise ConfigError(f"`iterations` must be >= 1, got {cfg.iterations}")
     for name, v in [("rollout.num_prompts", r.num_prompts), ("rollout.samples_per_prompt", r.samples_per_prompt),
                     ("rollout.max_new_tokens", r.max_new_tokens), ("optim.epochs", o.epochs),
-                    ("optim.num_minibatches", o.num_minibatches), ("model.cpu_lanes", cfg.model.cpu_lanes)]:
+                    ("optim.num_minibatches", o.num_minibatches)]:
         if v < 1:
             raise ConfigError(f"`{name}` must be >= 1, got {v}")
     _pos("rollout.temperature", r.temperature)
@@ -121,7 +121,7 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
         raise ConfigError(f"`data.builtin_eval_prompts` must be >= 1, got {cfg.data.builtin_eval_prompts}")
     if log.keep_last < 1:
         raise ConfigError(f"`log.keep_last` must be >= 1, got {log.keep_last}")
-    for name, v in [("threads", cfg.threads), ("log.save_every", log.save_every), ("log.print_every", log.print_every), ("log.eval_every", log.eval_every),
+    for name, v in [("threads", cfg.threads), ("model.cpu_lanes", cfg.model.cpu_lanes), ("log.save_every", log.save_every), ("log.print_every", log.print_every), ("log.eval_every", log.eval_every),
                     ("optim.warmup_steps", o.warmup_steps), ("optim.critic_warmup_iterations", o.critic_warmup_iterations)]:
         if v < 0:
             raise ConfigError(f"`{name}` must be >= 0, got {v}")
