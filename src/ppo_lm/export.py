@@ -97,7 +97,7 @@ def merge_adapters(run_dir: Path, source: Path, out: Path) -> None:
     saved = read_trainer_state(source.parent / "trainer_state.pt")
     fingerprint = (saved.get("lora_base") or {}).get("policy")
     now = lora.base_fingerprint(model.base_model.model.state_dict())
-    if fingerprint is not None and any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(now, fingerprint)):
+    if fingerprint is not None and not lora.same_base(now, fingerprint):
         raise ExportError(f"the base model {cfg.model.policy!r} of {run_dir}/config.yaml is not the one the "
                           "adapters were trained on (its weights changed); export with the original model")
     merged = model.merge_and_unload()

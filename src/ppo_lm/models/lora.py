@@ -242,3 +242,9 @@ def base_fingerprint(state: dict[str, Tensor]) -> list[float]:
             s += float(d.sum())
             sq += float((d * d).sum())
     return [s, sq]
+
+
+def same_base(now: list[float], saved: list[float]) -> bool:
+    """Whether two :func:`base_fingerprint` values describe the same weights (summation order may differ
+    by the module names peft gives the base layers: a relative 1e-6 allows for it)."""
+    return all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for a, b in zip(now, saved))

@@ -8,6 +8,7 @@ from torch import nn
 from ..models import lora
 from ..models.actor_critic import AdaptersOff, CriticModel, PolicyModel
 from ..models.hf_compat import scalar_head, trunk
+from . import builders
 from .config import ModelConfig, TrainConfig
 from .config_io import ConfigError
 
@@ -33,12 +34,12 @@ def add_policy_adapters(cfg: TrainConfig, policy: PolicyModel) -> None:
     _add(policy.lm, cfg, base)
 
 
-def build_reference(policy: PolicyModel, frozen_copy) -> PolicyModel | AdaptersOff:
+def build_reference(policy: PolicyModel) -> PolicyModel | AdaptersOff:
     """The frozen reference π_ref: with LoRA, the policy run with its adapters off (one copy of the
-    weights); otherwise ``frozen_copy(policy.lm)`` (the policy's weights as they start)."""
+    weights); otherwise :func:`builders.frozen_copy` of ``policy.lm`` (the policy's weights as they start)."""
     if lora.has_adapters(policy.lm):
         return AdaptersOff(policy)
-    return PolicyModel(frozen_copy(policy.lm))
+    return PolicyModel(builders.frozen_copy(policy.lm))
 
 
 def add_critic_adapters(cfg: TrainConfig, critic: CriticModel, policy_lm: nn.Module,

@@ -98,7 +98,7 @@ class PPOTrainer:
             if self.critic is not None:
                 adapters.add_critic_adapters(cfg, self.critic, policy_lm, self.reward_model)
             adapters.add_policy_adapters(cfg, self.policy)
-        self.ref = adapters.build_reference(self.policy, builders.frozen_copy).to(self.device)
+        self.ref = adapters.build_reference(self.policy).to(self.device)
         if cfg.model.gradient_checkpointing:
             enable_checkpointing(policy_lm)
             if self.critic is not None:

@@ -318,7 +318,7 @@ def _check_lora_bases(path: Path, saved: dict, policy, critic) -> None:
         state = model.state_dict()  # (sharded tensors are gathered one by one, on every rank)
         head = _head_tensors(model, state)
         now = lora.base_fingerprint({k: v for k, v in state.items() if k not in head})
-        if any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(now, fingerprint)):
+        if not lora.same_base(now, fingerprint):
             raise ConfigError(f"checkpoint {path}: the {name}'s base weights differ from the ones its LoRA adapters "
                               "were trained on; resume with the run's own model.policy (and reward model)")
 
