@@ -67,7 +67,7 @@ def test_adapters_off_give_the_base_models_log_probs_and_on_differ():
 def test_the_lean_path_runs_adapters_as_transformers_does(monkeypatch):
     """Adapted projections stay on the lean forward (its base matmul plus the adapters'): log-probs,
     the adapters' gradients and greedy decoding equal transformers' forward through peft's layers."""
-    from ppo_lm.models import actor_critic, lean
+    from ppo_lm.models import actor_critic, lean_support
     from ppo_lm.models.hf_compat import trunk
     from ppo_lm.rollout.sampling import SamplingParams, generate
 
@@ -75,12 +75,12 @@ def test_the_lean_path_runs_adapters_as_transformers_does(monkeypatch):
     lm = build_tiny_policy(tok, seed=0, hidden_size=32).eval()
     lora.add_adapters(lm, lora.LoraSettings(r=4, alpha=8), seed=0)
     _randomise_adapters(lm)
-    assert lean.supported(trunk(lm))
+    assert lean_support.supported(trunk(lm))
     ids, mask, P = _batch(len(tok))
     valid = mask[:, P:].bool()
 
     def run(lean_path: bool):
-        monkeypatch.setattr(actor_critic.lean, "supported", (lambda body: True) if lean_path else (lambda body: False))
+        monkeypatch.setattr(actor_critic.lean_support, "supported", (lambda body: True) if lean_path else (lambda body: False))
         lm.zero_grad()
         logp = PolicyModel(lm)(ids, mask, P)["logp"].where(valid, 0)
         logp.sum().backward()

@@ -43,7 +43,7 @@ from transformers import (
     Qwen3ForTokenClassification,
 )
 
-from ppo_lm.models import actor_critic, lean
+from ppo_lm.models import actor_critic, lean, lean_support
 from ppo_lm.models.actor_critic import CriticModel, PolicyModel
 from ppo_lm.models.hf_compat import scalar_head, trunk
 from ppo_lm.models.logprobs import position_ids_from_mask
@@ -185,9 +185,9 @@ def test_every_family_builds_with_this_transformers():
     assert int(transformers.__version__.split(".")[0]) >= 5
     for name, fam in FAMILIES.items():
         lm = _lm(name)
-        assert lean.supported(trunk(lm)) is fam.lean, name
+        assert lean_support.supported(trunk(lm)) is fam.lean, name
     # dynamic-NTK RoPE rescales from the history of calls: the transformers path
-    assert not lean.supported(trunk(_lm("llama-gqa", rope_scaling=dict(rope_type="dynamic", factor=2.0))))
+    assert not lean_support.supported(trunk(_lm("llama-gqa", rope_scaling=dict(rope_type="dynamic", factor=2.0))))
     for name in ("llama-tied", "qwen2-tied", "qwen3", "gemma"):  # tied: lm_head is the embedding
         lm = _lm(name)
         assert lm.get_output_embeddings().weight is lm.get_input_embeddings().weight, name
@@ -307,7 +307,7 @@ def test_longrope_past_its_original_context(lean_calls):
                                        original_max_position_embeddings=8, short_factor=[1.0, 1.5],
                                        long_factor=[2.0, 5.0]), original_max_position_embeddings=8)
     body = trunk(lm)
-    assert lean.supported(body) and lean.rope_fits(body, 8) and not lean.rope_fits(body, 9)
+    assert lean_support.supported(body) and lean_support.rope_fits(body, 8) and not lean_support.rope_fits(body, 9)
     ids, mask = _batch()  # rows up to 13 positions: the long factors
     with torch.no_grad():
         ref = _reference_logp(lm, ids, mask, P)
@@ -350,7 +350,7 @@ def test_a_stray_logit_transform_key_is_not_trusted():
     the policy's output head would apply it) leaves the lean path, so the policy's output-head probe
     sees the mismatch and refuses the model instead of training on another distribution."""
     lm = _lm("llama-gqa", final_logit_softcapping=0.5)
-    assert not lean.supported(trunk(lm))
+    assert not lean_support.supported(trunk(lm))
     with pytest.raises(ValueError, match="its logits are not its output embeddings"):
         PolicyModel(lm)
 

@@ -18,7 +18,7 @@ from transformers import (
     Qwen2ForTokenClassification,
 )
 
-from ppo_lm.models import lean
+from ppo_lm.models import lean_support, onednn
 from ppo_lm.models.actor_critic import CriticModel, PolicyModel, sequence_scores
 from ppo_lm.models.logprobs import position_ids_from_mask
 from ppo_lm.rollout.batch import length_groups
@@ -72,7 +72,7 @@ def _reference_logp(lm, ids, mask, temperature=1.0):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_policy_logprobs_match_transformers(arch, kv_heads, temperature):
     lm = _model(arch, kv_heads)
-    assert lean.supported(lm.model)
+    assert lean_support.supported(lm.model)
     ids, mask = _batch()
     resp = mask[:, P:].bool()
     with torch.no_grad():
@@ -124,7 +124,7 @@ def test_critic_values_and_scores_match_transformers(arch):
 def test_unsupported_models_take_the_transformers_path():
     lm = _model("qwen2", 2)
     getattr(lm, "activation_checkpointing_enable", lm.gradient_checkpointing_enable)()
-    assert not lean.supported(lm.model)
+    assert not lean_support.supported(lm.model)
     ids, mask = _batch()
     with torch.no_grad():
         ref = _reference_logp(lm, ids, mask)
@@ -175,13 +175,13 @@ def test_min_new_tokens_gives_fixed_length():
 
 
 def test_onednn_linear_matches_f_linear():
-    """lean.linear (oneDNN on CPU fp32) against F.linear: values and all three gradients."""
+    """onednn.linear (oneDNN on CPU fp32) against F.linear: values and all three gradients."""
     g = torch.Generator().manual_seed(4)
     x0 = torch.randn(3, 9, 40, generator=g)[:, 2:]  # a non-contiguous slice, as the last layer passes
     w0, b0 = torch.randn(24, 40, generator=g), torch.randn(24, generator=g)
     grad = torch.randn(3, 7, 24, generator=g)
     results = []
-    for fn in (lean.linear, torch.nn.functional.linear):
+    for fn in (onednn.linear, torch.nn.functional.linear):
         x, w, b = (t.clone().requires_grad_(True) for t in (x0, w0, b0))
         y = fn(x, w, b)
         y.backward(grad)
@@ -189,7 +189,7 @@ def test_onednn_linear_matches_f_linear():
     for a, b in zip(*results):
         assert float((a - b).abs().max()) < 1e-4 * (1 + float(b.abs().max()))
     with torch.no_grad():
-        assert float((lean.linear(x0, w0) - x0 @ w0.T).abs().max()) < 1e-4
+        assert float((onednn.linear(x0, w0) - x0 @ w0.T).abs().max()) < 1e-4
 
 
 def test_scoring_groups_follow_lengths():

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..algorithms import entropy_from_logits
-from . import lean, lora
+from . import lean, lean_support, lora
 from .hf_compat import scalar_head, trunk
 from .logprobs import gather_logprobs, position_ids_from_mask
 from .packing import plan_packing
@@ -31,14 +31,14 @@ PACKING = True
 def packs_sequences(model: nn.Module) -> bool:
     """True when ``model``'s (PolicyModel / CriticModel / reward model) forwards pack padded batches."""
     inner = getattr(model, "lm", None) or getattr(model, "model", None) or model
-    return PACKING and lean.supported(trunk(inner))
+    return PACKING and lean_support.supported(trunk(inner))
 
 
 def _hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, keep_from: int = 0) -> Tensor:
     """Final hidden states (B, L − keep_from, d) of positions keep_from … L − 1 (zeros at pads when
     the batch runs packed: lean-path bodies pack the real tokens when that saves ≥ 20 % of the
     positions, see :mod:`.packing`)."""
-    lean_path = lean.supported(body)
+    lean_path = lean_support.supported(body)
     plan = plan_packing(attention_mask) if lean_path and PACKING else None
     if plan is not None:
         ids, pos, seg = plan.pack(input_ids)
@@ -72,10 +72,10 @@ def check_output_head(lm: nn.Module) -> None:
     """Raise ``ValueError`` unless :func:`output_logits` on the body's hidden states reproduces the
     model's own logits (probed on 4 tokens): an architecture whose forward changes its logits in a
     way ppo-lm does not know would otherwise train on log-probs of another distribution than the one
-    it samples. Lean-path bodies (:func:`lean.supported`: architectures without such a transform) need no
+    it samples. Lean-path bodies (:func:`lean_support.supported`: architectures without such a transform) need no
     probe."""
     body = trunk(lm)
-    if lean.supported(body) or any(p.is_meta for p in lm.parameters()):
+    if lean_support.supported(body) or any(p.is_meta for p in lm.parameters()):
         return
     device = next(lm.parameters()).device
     vocab = lm.get_output_embeddings().weight.shape[0]

@@ -21,7 +21,7 @@ log-probs and values against the plain transformers forward within 1e-5):
   sequences share a row without seeing each other;
 * decoding writes keys/values into preallocated buffers (:class:`KVBuffers`) instead of
   concatenating a growing cache every step;
-* fp32 CPU matmuls go through oneDNN (:func:`linear`), which beats MKL's sgemm at these shapes on
+* fp32 CPU matmuls go through oneDNN (:mod:`ppo_lm.models.onednn`), which beats MKL's sgemm at these shapes on
   some x86 CPUs (see docs/benchmarks.md);
 * RMSNorm, RoPE and SwiGLU come from :mod:`ppo_lm.models.kernels` (fused by ``torch.compile`` when
   the trainer enables it).
@@ -31,7 +31,7 @@ RoPE; Phi-3's fused ``qkv_proj`` / ``gate_up_proj``; sliding-window layers (Mist
 ``use_sliding_window``) get a banded mask once a row is longer than the window (by column index, as
 transformers' cache positions; real tokens are contiguous in padded and packed rows alike).
 
-:func:`supported` decides per model; anything it does not recognise (other architectures — the Gemma
+:func:`ppo_lm.models.lean_support.supported` decides per model; anything it does not recognise (other architectures — the Gemma
 family with its embedding scale, (1 + w) norms, GELU and soft-capping among them —, dynamic-NTK RoPE,
 LoRA on Phi-3's fused projections, gradient checkpointing, dropout in training mode) takes the transformers
 path. Separate projections with LoRA adapters (peft) run here: the frozen base's matmul plus the adapters'
@@ -40,73 +40,12 @@ path. Separate projections with LoRA adapters (peft) run here: the frozen base's
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import kernels, lora
-
-_TYPES = ("qwen2", "llama", "qwen3", "mistral", "phi3")
-# RoPE types whose frequencies are fixed by the config; "longrope" picks its short or long factors per
-# call from the longest position (the lean forward builds its table the same way, see :func:`rope_fits`).
-# "dynamic" (NTK) rescales from the history of calls, which a table built once would not follow.
-_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
-_QK_NORM = ("qwen3",)  # RMSNorm of each query/key head before RoPE
-_ALL_LAYERS_WINDOW = ("mistral", "phi3")  # config.sliding_window (when set) applies to every layer
-# Config keys that ``actor_critic.output_logits`` applies to the logits (the lean decoder does not).
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logits_scaling")
-
-
-def _onednn_linear_op():
-    """``torch.ops.mkldnn._linear_pointwise`` (oneDNN fp32 matmul) when this torch build has it."""
-    if os.environ.get("PPO_LM_ONEDNN", "1") == "0" or not torch.backends.mkldnn.is_available():
-        return None
-    try:
-        return torch.ops.mkldnn._linear_pointwise
-    except (AttributeError, RuntimeError):
-        return None
-
-
-_ONEDNN = _onednn_linear_op()
-# oneDNN keeps a primitive per distinct shape: callers keep the number of shapes small (trimmed
-# widths in steps of 16, decode batches in steps of 8 rows). Below 32 rows MKL is as fast or faster.
-_ONEDNN_MIN_ROWS = 32
-
-
-class _OneDNNLinear(torch.autograd.Function):
-    """y = x Wᵀ + b with oneDNN for the forward and the input gradient; the weight gradient stays on
-    the default BLAS, which is the faster of the two for that (K = tokens) shape."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-        ctx.save_for_backward(x, w)
-        ctx.has_bias = b is not None
-        return _ONEDNN(x, w, b, "none", [], "")
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        x, w = ctx.saved_tensors
-        gx = _ONEDNN(grad, w.t(), None, "none", [], "") if ctx.needs_input_grad[0] else None
-        g2 = grad.reshape(-1, grad.shape[-1])
-        gw = g2.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
-        gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return gx, gw, gb
-
-
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """``F.linear`` (x (…, in), w (out, in), b (out,) → (…, out)). For fp32 on CPU it runs through
-    oneDNN, which on some x86 CPUs (AVX-512 AMD EPYC, for one) runs these mid-sized shapes faster
-    than the MKL sgemm behind ``F.linear`` (docs/benchmarks.md has measurements); same fp32
-    arithmetic, different summation blocking.
-    ``PPO_LM_ONEDNN=0`` turns this off."""
-    if (_ONEDNN is None or x.device.type != "cpu" or x.dtype != torch.float32 or w.dtype != torch.float32
-            or x.numel() < _ONEDNN_MIN_ROWS * x.shape[-1]):
-        return F.linear(x, w, b)
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
-        return _OneDNNLinear.apply(x, w, b)
-    return _ONEDNN(x, w, b, "none", [], "")
+from . import kernels, lean_support, lora
+from .onednn import linear
 
 
 def _proj(module: nn.Module, x: Tensor) -> Tensor:
@@ -121,27 +60,6 @@ def head(module: nn.Module, h: Tensor) -> Tensor:
     """An output head (e.g. ``lm_head``) applied to ``h``: through :func:`linear` when it is a plain
     ``nn.Linear``, else the module itself (wrapped or custom heads)."""
     return _proj(module, h) if type(module) is nn.Linear else module(h)
-
-
-def _rope_type(config) -> str:
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
-        return "other"  # per-layer-type RoPE (Gemma 3) or something unknown
-    return params.get("rope_type", params.get("type", "default"))
-
-
-def _windows(config, n_layers: int) -> list[int | None] | None:
-    """Per layer, the sliding-window size transformers applies (None: full attention); None when the
-    config names a layer type the lean forward does not implement."""
-    window = getattr(config, "sliding_window", None)
-    if config.model_type in _ALL_LAYERS_WINDOW:
-        return [window] * n_layers
-    types = getattr(config, "layer_types", None) or ["full_attention"] * n_layers
-    if config.model_type == "llama":  # LlamaModel has no sliding layers
-        return [None] * n_layers if all(t == "full_attention" for t in types) else None
-    if len(types) != n_layers or any(t not in ("full_attention", "sliding_attention") for t in types):
-        return None
-    return [window if t == "sliding_attention" else None for t in types]
 
 
 def _heads(a: nn.Module) -> tuple[int, int, int]:
@@ -161,67 +79,6 @@ def _qkv(a: nn.Module) -> tuple[Tensor, Tensor | None]:
     if fused is not None:
         return fused.weight, fused.bias
     return _fused([a.q_proj, a.k_proj, a.v_proj])
-
-
-def _is_dtensor(t: Tensor) -> bool:
-    return type(t).__name__ == "DTensor" or type(getattr(t, "data", None)).__name__ == "DTensor"
-
-
-def supported(body: nn.Module) -> bool:
-    """True when ``body`` (a LlamaModel, Qwen2Model, Qwen3Model, MistralModel or Phi3Model) can run
-    through the lean path exactly."""
-    cfg = getattr(body, "config", None)
-    if cfg is None or getattr(cfg, "model_type", None) not in _TYPES or not hasattr(body, "layers"):
-        return False
-    if getattr(body, "gradient_checkpointing", False) or getattr(cfg, "hidden_act", None) != "silu":
-        return False
-    if _rope_type(cfg) not in _ROPE_TYPES or getattr(cfg, "pretraining_tp", 1) not in (None, 1):
-        return False
-    if _windows(cfg, len(body.layers)) is None:
-        return False
-    if any(getattr(cfg, k, None) for k in _LOGIT_TRANSFORMS):
-        return False  # (stray keys these architectures ignore: the output-head probe of the policy decides)
-    if getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "eager", None):
-        return False
-    if type(getattr(body, "embed_tokens", None)) is not nn.Embedding or not hasattr(body, "rotary_emb"):
-        return False
-    qk_norm = cfg.model_type in _QK_NORM
-    for layer in body.layers:
-        a, m = layer.self_attn, layer.mlp
-        fused_qkv, fused_mlp = a._modules.get("qkv_proj"), m._modules.get("gate_up_proj")
-        qkv = [fused_qkv] if fused_qkv is not None else [a.q_proj, a.k_proj, a.v_proj]
-        gate_up = [fused_mlp] if fused_mlp is not None else [m.gate_proj, m.up_proj]
-        if _is_dtensor(qkv[0].weight):  # FSDP-sharded: only the layer's own forward gathers it
-            return False
-        if any(lora.is_lora_layer(x) for x in (fused_qkv, fused_mlp) if x is not None):
-            return False  # adapters on a fused projection: transformers' path
-        linears = [lora.plain_linear(x) for x in (*qkv, a.o_proj, *gate_up, m.down_proj)]
-        if any(x is None for x in linears) or any(lora.plain_linear(x).bias is not None for x in gate_up):
-            return False
-        if len({lora.plain_linear(x).bias is None for x in qkv}) != 1:
-            return False
-        norms = [a._modules.get("q_norm"), a._modules.get("k_norm")]
-        if qk_norm:
-            if not all(x is not None and hasattr(x, "variance_epsilon") for x in norms):
-                return False
-        elif any(x is not None for x in norms):
-            return False
-        if body.training and (getattr(a, "attention_dropout", 0.0) or any(
-                isinstance(x, nn.Dropout) and x.p > 0 for x in layer.modules())):
-            return False
-    return True
-
-
-def rope_fits(body: nn.Module, length: int) -> bool:
-    """Whether one RoPE table for positions 0 … ``length`` − 1 gives what transformers computes at every
-    decode step up to that length: always, except for longrope past its original context (transformers
-    switches from the short to the long factors mid-sequence there)."""
-    cfg = body.config
-    if _rope_type(cfg) != "longrope":
-        return True
-    params = getattr(cfg, "rope_parameters", None) or {}
-    original = params.get("original_max_position_embeddings") or getattr(cfg, "original_max_position_embeddings", 0)
-    return length <= int(original or 0)
 
 
 def _rms(x: Tensor, norm: nn.Module) -> Tensor:
@@ -265,7 +122,7 @@ def _plus(y: Tensor, d: Tensor | None) -> Tensor:
 
 def _separate(module: nn.Module, *names: str) -> list[nn.Module]:
     """The named projections of an attention or MLP module; [] where they are fused (Phi-3's qkv_proj,
-    gate_up_proj: :func:`supported` refuses adapters on those, so there is nothing to add)."""
+    gate_up_proj: :func:`lean_support.supported` refuses adapters on those, so there is nothing to add)."""
     found = [module._modules.get(n) for n in names]
     return [] if any(f is None for f in found) else found
 
@@ -376,7 +233,7 @@ def forward_hidden(
 
     n = len(body.layers)
     # Sliding-window layers: a window only changes anything once a query is ≥ window columns past a key.
-    windows = [w if w is not None and w < total else None for w in _windows(body.config, n)]
+    windows = [w if w is not None and w < total else None for w in lean_support.windows(body.config, n)]
     masks = {None: (mask, causal)}  # window → (mask, causal) of its layers
     for w in set(windows) - {None}:
         near = k_pos[None, :] > q_pos[:, None] - w  # (L, total), transformers' sliding_window_overlay

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..models import lean
+from ..models import lean, lean_support
 from ..models.hf_compat import cache_kwarg, new_cache, trunk
 from ..models.logprobs import gather_logprobs, position_ids_from_mask
 
@@ -174,8 +174,8 @@ def generate(
 ) -> Generation:
     """Sample responses for left-padded prompts (B, P) with a causal LM.
 
-    ``lean_path``: None = the lean decoder when the model supports it (:func:`lean.supported`, and one
-    RoPE table fits the whole length: :func:`lean.rope_fits`), else transformers' forward; False forces
+    ``lean_path``: None = the lean decoder when the model supports it (:func:`lean_support.supported`, and one
+    RoPE table fits the whole length: :func:`lean_support.rope_fits`), else transformers' forward; False forces
     the transformers path (the two give the same logits within fp32 rounding).
     Returns a :class:`Generation` whose width T is the longest response (≤ ``max_new_tokens``).
     ``return_logprobs``: also the sampled tokens' log-probs under the policy's full distribution
@@ -194,7 +194,7 @@ def generate(
 
     if lean_path is None:
         body = trunk(lm)
-        lean_path = lean.supported(body) and lean.rope_fits(body, P + T)
+        lean_path = lean_support.supported(body) and lean_support.rope_fits(body, P + T)
     decoder = (_LeanDecoder if lean_path else _HFDecoder)(lm, prompt_ids, prompt_mask, T)
     logits = decoder.prefill()
     next_pos = prompt_mask.long().sum(-1)  # (B,) position id of the next token

@@ -1,0 +1,62 @@
+"""fp32 CPU matmuls through oneDNN: on some x86 CPUs (AVX-512 AMD EPYC, for one) oneDNN runs the
+mid-sized shapes of the lean forward faster than the MKL sgemm behind ``F.linear`` (docs/benchmarks.md).
+Same fp32 arithmetic, different summation blocking. ``PPO_LM_ONEDNN=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _onednn_linear_op():
+    """``torch.ops.mkldnn._linear_pointwise`` (oneDNN fp32 matmul) when this torch build has it."""
+    if os.environ.get("PPO_LM_ONEDNN", "1") == "0" or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._linear_pointwise
+    except (AttributeError, RuntimeError):
+        return None
+
+
+_ONEDNN = _onednn_linear_op()
+# oneDNN keeps a primitive per distinct shape: callers keep the number of shapes small (trimmed
+# widths in steps of 16, decode batches in steps of 8 rows). Below 32 rows MKL is as fast or faster.
+_ONEDNN_MIN_ROWS = 32
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """y = x Wᵀ + b with oneDNN for the forward and the input gradient; the weight gradient stays on
+    the default BLAS, which is the faster of the two for that (K = tokens) shape."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return _ONEDNN(x, w, b, "none", [], "")
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, w = ctx.saved_tensors
+        gx = _ONEDNN(grad, w.t(), None, "none", [], "") if ctx.needs_input_grad[0] else None
+        g2 = grad.reshape(-1, grad.shape[-1])
+        gw = g2.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """``F.linear`` (x (…, in), w (out, in), b (out,) → (…, out)). For fp32 on CPU it runs through
+    oneDNN, which on some x86 CPUs (AVX-512 AMD EPYC, for one) runs these mid-sized shapes faster
+    than the MKL sgemm behind ``F.linear`` (docs/benchmarks.md has measurements); same fp32
+    arithmetic, different summation blocking.
+    ``PPO_LM_ONEDNN=0`` turns this off."""
+    if (_ONEDNN is None or x.device.type != "cpu" or x.dtype != torch.float32 or w.dtype != torch.float32
+            or x.numel() < _ONEDNN_MIN_ROWS * x.shape[-1]):
+        return F.linear(x, w, b)
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+        return _OneDNNLinear.apply(x, w, b)
+    return _ONEDNN(x, w, b, "none", [], "")
