@@ -1,6 +1,6 @@
 """Where a benchmark workload's memory goes: `python scripts/memory_breakdown.py --workload w3 --policy GGUF`.
 
-Builds the workload exactly as ``ppo-lm bench`` does (``ppo_lm.bench``: same models, config and
+Builds the workload exactly as ``ppo-lm bench`` does (``ppo_lm.bench_workloads``: same models, config and
 ``PPOTrainer.train_iteration``) and reports, as one JSON line:
 
 * ``counted_mb``: the tensors whose size is known exactly — each model's weights (storages shared
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     import transformers  # noqa: F401  (in the baseline, as the trainer imports it)
 
-    import ppo_lm.bench as bench
+    import ppo_lm.bench_workloads as workloads
     from ppo_lm.trainer.ppo import PPOTrainer
 
     torch.set_num_threads(args.threads)
@@ -163,14 +163,14 @@ def main(argv: list[str] | None = None) -> dict:
         root = Path(tmp)
         n = 1 + args.iterations + args.profile
         if args.workload == "w3":
-            reward, config = bench.save_w3_reward(args.policy, root)
-            shape = bench.shape_of(config, bench.W3_SHAPE.batch, bench.W3_SHAPE.response_len)
-            paths, rows = (args.policy, reward, None), bench.w3_prompts(n * shape.batch)
+            reward, config = workloads.save_w3_reward(args.policy, root)
+            shape = workloads.shape_of(config, workloads.W3_SHAPE.batch, workloads.W3_SHAPE.response_len)
+            paths, rows = (args.policy, reward, None), workloads.w3_prompts(n * shape.batch)
         else:
-            shape = bench.W1_SHAPE
-            paths, rows = bench.save_models(root, shape), bench.random_prompts(n * shape.batch, shape)
-        cfg = bench.make_config(args.workload, shape, paths, str(root / "run"), n, args.threads,
-                                cpu_lanes=args.cpu_lanes)
+            shape = workloads.W1_SHAPE
+            paths, rows = workloads.save_models(root, shape), workloads.random_prompts(n * shape.batch, shape)
+        cfg = workloads.make_config(args.workload, shape, paths, str(root / "run"), n, args.threads,
+                                    cpu_lanes=args.cpu_lanes)
         report["rss_mb"]["before build"] = round(rss_mb())
         sampler.label = "build"
         trainer = PPOTrainer(cfg, prompt_rows=rows)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ppo_lm import bench
+from ppo_lm import bench, bench_workloads
 from ppo_lm.cli import main
 
 KEYS = {"episodes_per_s", "peak_rss_mb", "s_per_iteration", "generate_s", "score_s", "advantage_s", "update_s",
@@ -30,15 +30,15 @@ def test_w1_smoke_json(capsys):
     assert KEYS | {"hf_generate_tokens_per_s", "ppo_lm_generate_tokens_per_s", "generate_speedup_vs_hf"} <= set(r)
     assert r["workload"] == "W1-tiny" and r["iterations"] == 1 and r["threads"] == 1
     assert r["cpu_lanes"] == 1  # one thread: nothing to share
-    assert r["response_length_mean"] == bench.TINY.response_len  # EOS can never be sampled in W1
+    assert r["response_length_mean"] == bench_workloads.TINY.response_len  # EOS can never be sampled in W1
     assert r["episodes_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["achieved_gflop_per_s"] > 0
-    assert r["episodes_per_s"] == pytest.approx(bench.TINY.batch / r["s_per_iteration"], rel=1e-2)
+    assert r["episodes_per_s"] == pytest.approx(bench_workloads.TINY.batch / r["s_per_iteration"], rel=1e-2)
 
 
 def test_w2_stops_early(capsys):
     r = _run(capsys, "--workload", "w2", "--warmup", "0", "--threads", "2", "--cpu-lanes", "2")
     assert KEYS <= set(r) and r["cpu_lanes"] == 2
-    assert r["response_length_mean"] < bench.TINY.response_len
+    assert r["response_length_mean"] < bench_workloads.TINY.response_len
 
 
 def test_bad_cpu_lanes_is_refused(capsys):
@@ -53,31 +53,56 @@ def test_bad_device_is_refused_before_building_anything(capsys):
 
 
 def test_w1_config_is_the_spec_workload(tmp_path):
-    cfg = bench.make_config("w1", bench.W1_SHAPE, ("p", "r", "t"), str(tmp_path), 2, 2)
+    cfg = bench_workloads.make_config("w1", bench_workloads.W1_SHAPE, ("p", "r", "t"), str(tmp_path), 2, 2)
     r, a, o = cfg.rollout, cfg.algo, cfg.optim
     assert (r.num_prompts, r.max_new_tokens, r.min_new_tokens, r.temperature) == (64, 64, 64, 1.0)
     assert (o.epochs, o.num_minibatches) == (4, 2)
     assert (a.kl_estimator, a.kl_coef, a.clip_eps, a.value_clip_eps, a.vf_coef, a.gamma, a.gae_lambda) == (
         "k1", 0.05, 0.2, 0.2, 0.1, 1.0, 0.95)
     assert (cfg.model.critic, cfg.model.critic_init, cfg.model.dtype) == ("separate", "reward", "float32")
-    w2 = bench.make_config("w2", bench.W1_SHAPE, ("p", "r", "t"), str(tmp_path), 2, 2)
+    w2 = bench_workloads.make_config("w2", bench_workloads.W1_SHAPE, ("p", "r", "t"), str(tmp_path), 2, 2)
     assert w2.rollout.min_new_tokens == 0 and len(w2.rollout.stop_tokens) == 31  # + EOS = 1/16 of 512
 
 
+def test_micro_batch_size_flag_reaches_the_config(tmp_path, capsys, monkeypatch):
+    """--micro-batch-size N sets optim.micro_batch_size of the trained config; without it the workload's 0."""
+    shape, paths = bench_workloads.W1_SHAPE, ("p", "r", "t")
+    assert bench_workloads.make_config("w1", shape, paths, str(tmp_path), 2, 2).optim.micro_batch_size == 0
+    assert bench_workloads.make_config("w1", shape, paths, str(tmp_path), 2, 2,
+                                       micro_batch_size=8).optim.micro_batch_size == 8
+    assert main(["bench", "--tiny", "--micro-batch-size", "-1"]) == 2
+    assert capsys.readouterr().err == "ppo-lm: error: --micro-batch-size must be >= 0, got -1\n"
+
+    class Built(Exception):
+        pass
+
+    def make_config(*args, **kwargs):  # the config run_bench builds, then stop before any training
+        configs.append(bench_workloads.make_config(*args, **kwargs))
+        raise Built
+
+    configs: list = []
+    monkeypatch.setattr(bench, "make_config", make_config)
+    with pytest.raises(Built):
+        bench.bench_command(["--tiny", "--micro-batch-size", "2", "--threads", "0"])
+    with pytest.raises(Built):
+        bench.bench_command(["--tiny", "--threads", "0"])
+    assert [c.optim.micro_batch_size for c in configs] == [2, 0]
+
+
 def test_prompts_are_exactly_the_prompt_length():
-    tok = bench.build_tokenizer(bench.W1_SHAPE.vocab)
-    rows = bench.random_prompts(5, bench.W1_SHAPE)
+    tok = bench_workloads.build_tokenizer(bench_workloads.W1_SHAPE.vocab)
+    rows = bench_workloads.random_prompts(5, bench_workloads.W1_SHAPE)
     lengths = [len(x) for x in tok([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"]]
     assert lengths == [32] * 5
     assert tok.pad_token_id != tok.eos_token_id
 
 
 def test_flop_count_of_w1():
-    f = bench.iteration_flops(bench.W1_SHAPE, [64] * 64)
+    f = bench_workloads.iteration_flops(bench_workloads.W1_SHAPE, [64] * 64)
     assert 1.45e12 < f["total"] < 1.65e12  # docs/benchmarks.md: ≈ 1.5 TFLOP per iteration
-    s = bench.W1_SHAPE
-    policy = bench.forward_flops(s, 96, 96 * 97 / 2, 64, 512)  # 2·params·tokens + attention + vocab head
-    critic = bench.forward_flops(s, 96, 96 * 97 / 2, 65, 1)
+    s = bench_workloads.W1_SHAPE
+    policy = bench_workloads.forward_flops(s, 96, 96 * 97 / 2, 64, 512)  # 2·params·tokens + attention + vocab head
+    critic = bench_workloads.forward_flops(s, 96, 96 * 97 / 2, 65, 1)
     assert policy == pytest.approx(96 * 2 * 4 * (4 * 256**2 + 3 * 256 * 1024) + 4 * 4 * 256 * 96 * 97 / 2
                                    + 64 * 2 * 256 * 512)
     assert f["update"] == pytest.approx(64 * 4 * 3 * (policy + critic))  # backward = 2 × forward
@@ -106,7 +131,7 @@ def test_w3_config_is_the_peers_workload(tmp_path):
     """shared/bench/trl_ppo_w3.py: 16 chat prompts × exactly 32 tokens, 4 epochs × 2 minibatches, k1 KL
     0.05 in the reward, clip 0.2, value clip 0.2, vf 0.1, γ 1, λ 0.95, lr 1e-6, fp32; a one-label reward
     model from the policy's body as `model.reward`, the separate critic initialised from it."""
-    cfg = bench.make_config("w3", bench.W3_SHAPE, ("smol.gguf", "rm", None), str(tmp_path), 2, 2)
+    cfg = bench_workloads.make_config("w3", bench_workloads.W3_SHAPE, ("smol.gguf", "rm", None), str(tmp_path), 2, 2)
     m, d, r, a, o = cfg.model, cfg.data, cfg.rollout, cfg.algo, cfg.optim
     assert (m.policy, m.reward, m.tokenizer) == ("smol.gguf", "rm", None)  # tokenizer from the policy
     assert (m.critic, m.critic_init, m.dtype) == ("separate", "reward", "float32")
@@ -117,12 +142,12 @@ def test_w3_config_is_the_peers_workload(tmp_path):
     assert (a.estimator, a.kl_in, a.kl_estimator, a.kl_coef, a.clip_eps, a.value_clip_eps, a.vf_coef, a.gamma,
             a.gae_lambda) == ("gae", "reward", "k1", 0.05, 0.2, 0.2, 0.1, 1.0, 0.95)
     assert d.chat_template == "auto" and not d.shuffle
-    rows = bench.w3_prompts(48)
+    rows = bench_workloads.w3_prompts(48)
     import random
 
     random.seed(0)  # the peer's draw
     assert [x["prompt"] for x in rows] == [[{"role": "user", "content": f"Write a short story about "
-                                              f"{random.choice(bench.W3_TOPICS)}."}] for _ in range(48)]
+                                              f"{random.choice(bench_workloads.W3_TOPICS)}."}] for _ in range(48)]
 
 
 def test_w3_shape_follows_the_model_config():
@@ -130,10 +155,10 @@ def test_w3_shape_follows_the_model_config():
 
     c = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3)
-    assert bench.shape_of(c, 16, 32) == bench.W3_SHAPE
-    f = bench.iteration_flops(bench.W3_SHAPE, [32, 32], prompt_lengths=[40, 44])
-    one = bench.iteration_flops(dataclasses.replace(bench.W3_SHAPE, prompt_len=40), [32])
-    two = bench.iteration_flops(dataclasses.replace(bench.W3_SHAPE, prompt_len=44), [32])
+    assert bench_workloads.shape_of(c, 16, 32) == bench_workloads.W3_SHAPE
+    f = bench_workloads.iteration_flops(bench_workloads.W3_SHAPE, [32, 32], prompt_lengths=[40, 44])
+    one = bench_workloads.iteration_flops(dataclasses.replace(bench_workloads.W3_SHAPE, prompt_len=40), [32])
+    two = bench_workloads.iteration_flops(dataclasses.replace(bench_workloads.W3_SHAPE, prompt_len=44), [32])
     assert f["total"] == pytest.approx(one["total"] + two["total"])
 
 

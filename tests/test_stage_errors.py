@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from ppo_lm import bench
+from ppo_lm import bench, bench_workloads
 from ppo_lm.cli import main
 from ppo_lm.commands import RMCommand, SFTCommand
 from ppo_lm.demo import DemoConfig
-from ppo_lm.stages.data import InputError
 from ppo_lm.stages.rm import RMConfig
+from ppo_lm.stages.rows import InputError
 from ppo_lm.stages.sft import SFTConfig, train_sft
 
 SMALL = ["--builtin-hidden-size", "32"]
@@ -156,7 +156,7 @@ def test_sft_refuses_a_model_without_lm_head_but_rm_takes_its_body(tmp_path, cap
 
 
 def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path, capsys, saved_policy):
-    bench.build_tokenizer(512).save_pretrained(tmp_path / "tok")
+    bench_workloads.build_tokenizer(512).save_pretrained(tmp_path / "tok")
     err = _error(capsys, "sft", "--model", str(saved_policy), "--tokenizer", str(tmp_path / "tok"),
                  "--output-dir", str(tmp_path / "out"))
     assert "has 512 tokens but the model's embedding has only 83 rows" in err

@@ -290,7 +290,7 @@ def test_stage_commands_report_bad_input_without_a_traceback(tmp_path, capsys, a
 
 
 def test_non_text_cells_are_named():
-    from ppo_lm.stages.data import InputError, load_rows
+    from ppo_lm.stages.rows import InputError, load_rows
 
     with pytest.raises(InputError, match="row 1 of in-memory rows has a int in column 'response', not text"):
         load_rows([{"prompt": "a", "response": "b"}, {"prompt": "a", "response": 1}], ("prompt", "response"))

@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .stages.data import InputError
 from .stages.rm import RMConfig
+from .stages.rows import InputError
 from .stages.sft import SFTConfig
 
 BUILTIN_HEADS = 4  # the built-in model's attention heads (tasks.equations.tiny_model_config)

@@ -3,7 +3,6 @@
 from .data import (
     encode_prompt_response,
     last_token_index,
-    load_rows,
     pad_sequences,
     position_ids_from_mask,
     split_rows,
@@ -17,6 +16,7 @@ from .rm import (
     score_texts,
     train_reward_model,
 )
+from .rows import load_rows
 from .sft import SFTConfig, build_sft_example, collate_sft, evaluate_sft_loss, sft_loss, train_sft
 
 __all__ = [

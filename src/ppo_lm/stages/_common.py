@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .data import InputError
+from .rows import InputError
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 

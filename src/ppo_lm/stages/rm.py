@@ -38,8 +38,6 @@ from ._common import (
     window_log_entry,
 )
 from .data import (
-    InputError,
-    RowsLike,
     check_chat_template,
     encode_prompt_response,
     last_token_index,
@@ -49,6 +47,7 @@ from .data import (
     pad_sequences,
     split_rows,
 )
+from .rows import InputError, RowsLike
 
 logger = logging.getLogger(__name__)
 

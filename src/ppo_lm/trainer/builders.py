@@ -344,7 +344,7 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False) -> l
         rows = (make_prompts(cfg.builtin_eval_prompts, seed=seed + 10_000, split="heldout", unique=True) if held_out
                 else make_prompts(cfg.builtin_num_prompts, seed=seed, split="train"))
     else:
-        from ..stages.data import load_rows
+        from ..stages.rows import load_rows
 
         try:
             # columns checked below: the prompt column may hold chat messages as well as text
