@@ -264,6 +264,18 @@ def test_target_modules_that_match_nothing_name_the_layers_there_are(tmp_path, c
     assert rc == 2 and "selects no linear layer" in err and "q_proj" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("targets,named,head", [(["q_proj", "query"], "['query']", False),
+                                                 (["v_proj", "lm_head"], "['lm_head']", True)])
+def test_every_target_module_must_match_a_layer_of_the_body(targets, named, head):
+    """A name that matches nothing is an error even when another name matches (not silently dropped);
+    the output head is named as such."""
+    lm = build_tiny_policy(build_tokenizer(), seed=0, hidden_size=32)
+    with pytest.raises(ValueError) as e:
+        lora.target_names(lm, tuple(targets))
+    msg = str(e.value)
+    assert f"={named} selects no linear layer" in msg and "q_proj" in msg and ("output head" in msg) is head
+
+
 def test_target_modules_by_name_adapt_only_those(tmp_path):
     tr = PPOTrainer(_lora_config(tmp_path, model__lora_target_modules=["q_proj", "v_proj"]), verifier=count_sevens)
     adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _ in tr.policy.lm.named_parameters()

@@ -44,17 +44,26 @@ class LoraSettings:
 def target_names(model: nn.Module, targets: tuple[str, ...]) -> list[str]:
     """Full names of the ``nn.Linear`` modules of ``model``'s transformer body that ``targets`` select
     (never the output head: the LM head and a critic's value head train in full or not at all).
-    Raises ``ValueError`` when none match."""
+    Raises ``ValueError`` naming every target that matches none of them."""
     body = trunk(model)
     prefix = next(name for name, m in model.named_modules() if m is body)
     linears = [f"{prefix}.{n}" if prefix else n for n, m in body.named_modules() if isinstance(m, nn.Linear)]
-    if tuple(targets) != ("all-linear",):
-        linears = [n for n in linears if any(n == t or n.endswith("." + t) for t in targets)]
-    if not linears:
-        names = sorted({n.rsplit(".", 1)[-1] for n, m in body.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(f"`model.lora_target_modules`={list(targets)} selects no linear layer of "
-                         f"{type(model).__name__}; its linear layers are named {names}")
-    return linears
+    if tuple(targets) == ("all-linear",):
+        return linears
+
+    def matches(name: str, t: str) -> bool:
+        return name == t or name.endswith("." + t)
+
+    unmatched = [t for t in targets if not any(matches(n, t) for n in linears)]
+    if unmatched or not linears:
+        names = sorted({n.rsplit(".", 1)[-1] for n in linears})
+        heads = [t for t in unmatched if any(matches(n, t) for n, m in model.named_modules() if m is not body
+                                             and isinstance(m, nn.Linear) and not n.startswith(prefix + "."))]
+        why = (f"; {heads} is an output head, which LoRA leaves to the run (the LM head stays frozen, a value "
+               "head trains in full)") if heads else ""
+        raise ValueError(f"`model.lora_target_modules`={unmatched or list(targets)} selects no linear layer of "
+                         f"{type(model).__name__}'s transformer body; its linear layers are named {names}{why}")
+    return [n for n in linears if any(matches(n, t) for t in targets)]
 
 
 def add_adapters(model: nn.Module, settings: LoraSettings, *, seed: int = 0, name_or_path: str | None = None) -> nn.Module:
