@@ -128,11 +128,11 @@ class PolicyModel(nn.Module):
         LoRA policy's base model (:func:`ppo_lm.models.lora.adapters_off`)."""
         P = prompt_width
         switch = lora.adapters_off(self.lm) if adapters_off else lora.train_dropout(self.lm, torch.is_grad_enabled())
-        with switch:
+        with switch:  # body and LM head (adapted too with model.lora_head)
             hidden = _hidden(trunk(self.lm), input_ids, attention_mask, P - 1)  # contexts x_0 … x_T
-        h = hidden[:, :-1]  # contexts x_0 … x_{T-1}
+            h = hidden[:, :-1]  # contexts x_0 … x_{T-1}
+            logits = output_logits(self.lm, h)
         labels = input_ids[:, P:]
-        logits = output_logits(self.lm, h)
         if temperature != 1.0:
             # in fp32, as the sampler divides: a bf16 quotient would be rounded a second time
             logits = logits.float() / temperature

@@ -33,37 +33,57 @@ _PREFIX = "base_model.model."  # peft's key prefix of the wrapped model's tensor
 @dataclass(frozen=True)
 class LoraSettings:
     """``r`` rank, ``alpha`` scale numerator (adapters add (alpha/r)·B·A·x), ``dropout`` on the adapters'
-    input, ``target_modules``: ("all-linear",) or module-name suffixes such as ("q_proj", "v_proj")."""
+    input, ``target_modules``: ("all-linear",) or module-name suffixes such as ("q_proj", "v_proj") of the
+    transformer body; ``head``: the output head (``get_output_embeddings()``) gets adapters too."""
 
     r: int
     alpha: float
     dropout: float = 0.0
     target_modules: tuple[str, ...] = ("all-linear",)
+    head: bool = False
 
 
-def target_names(model: nn.Module, targets: tuple[str, ...]) -> list[str]:
-    """Full names of the ``nn.Linear`` modules of ``model``'s transformer body that ``targets`` select
-    (never the output head: the LM head and a critic's value head train in full or not at all).
-    Raises ``ValueError`` naming every target that matches none of them."""
+def _output_head(model: nn.Module) -> tuple[str, nn.Linear] | None:
+    """(name, module) of ``model``'s output head when it is a linear layer (a causal LM's ``lm_head``)."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if get is not None else None
+    if not isinstance(head, nn.Linear):
+        return None
+    return next((n, m) for n, m in model.named_modules() if m is head)
+
+
+def target_names(model: nn.Module, targets: tuple[str, ...], head: bool = False) -> list[str]:
+    """Full names of the ``nn.Linear`` modules of ``model``'s transformer body that ``targets`` select,
+    plus the output head with ``head`` (otherwise never: the LM head stays frozen, a critic's value
+    head trains in full). Raises ``ValueError`` naming every target that matches none of them, and
+    for a ``head`` that shares its weight with the input embeddings (merging would change both)."""
     body = trunk(model)
     prefix = next(name for name, m in model.named_modules() if m is body)
     linears = [f"{prefix}.{n}" if prefix else n for n, m in body.named_modules() if isinstance(m, nn.Linear)]
-    if tuple(targets) == ("all-linear",):
-        return linears
+    out_head = _output_head(model)
 
     def matches(name: str, t: str) -> bool:
         return name == t or name.endswith("." + t)
 
-    unmatched = [t for t in targets if not any(matches(n, t) for n in linears)]
-    if unmatched or not linears:
-        names = sorted({n.rsplit(".", 1)[-1] for n in linears})
-        heads = [t for t in unmatched if any(matches(n, t) for n, m in model.named_modules() if m is not body
-                                             and isinstance(m, nn.Linear) and not n.startswith(prefix + "."))]
-        why = (f"; {heads} is an output head, which LoRA leaves to the run (the LM head stays frozen, a value "
-               "head trains in full)") if heads else ""
-        raise ValueError(f"`model.lora_target_modules`={unmatched or list(targets)} selects no linear layer of "
-                         f"{type(model).__name__}'s transformer body; its linear layers are named {names}{why}")
-    return [n for n in linears if any(matches(n, t) for t in targets)]
+    if tuple(targets) != ("all-linear",):
+        unmatched = [t for t in targets if not any(matches(n, t) for n in linears)]
+        if unmatched or not linears:
+            names = sorted({n.rsplit(".", 1)[-1] for n in linears})
+            heads = [t for t in unmatched if out_head is not None and matches(out_head[0], t)]
+            why = f"; {heads} is the output head: set model.lora_head true to adapt it" if heads else ""
+            raise ValueError(f"`model.lora_target_modules`={unmatched or list(targets)} selects no linear layer "
+                             f"of {type(model).__name__}'s transformer body; its linear layers are named {names}{why}")
+        linears = [n for n in linears if any(matches(n, t) for t in targets)]
+    if head:
+        if out_head is None:
+            raise ValueError(f"`model.lora_head`: {type(model).__name__} has no linear output head to adapt")
+        embed = model.get_input_embeddings()
+        if embed is not None and out_head[1].weight.data_ptr() == embed.weight.data_ptr():
+            raise ValueError(f"`model.lora_head`: {type(model).__name__}'s output head shares its weight with the "
+                             "input embeddings (tie_word_embeddings), so merging its adapters would change both; "
+                             "set model.lora_head false (the body's adapters train as usual)")
+        linears.append(out_head[0])
+    return linears
 
 
 def add_adapters(model: nn.Module, settings: LoraSettings, *, seed: int = 0, name_or_path: str | None = None) -> nn.Module:
@@ -76,7 +96,7 @@ def add_adapters(model: nn.Module, settings: LoraSettings, *, seed: int = 0, nam
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, bias="none",
-                        target_modules=target_names(model, settings.target_modules),
+                        target_modules=target_names(model, settings.target_modules, settings.head),
                         base_model_name_or_path=name_or_path)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # peft reads transformers' deprecated is_gradient_checkpointing; nothing for the user to act on

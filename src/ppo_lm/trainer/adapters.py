@@ -3,6 +3,8 @@ reference as the policy with its adapters off, and frozen bodies shared instead 
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 
 from ..models import lora
@@ -18,20 +20,22 @@ def lora_settings(m: ModelConfig) -> lora.LoraSettings | None:
     if not m.lora_r:
         return None
     return lora.LoraSettings(r=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout,
-                             target_modules=tuple(m.lora_target_modules))
+                             target_modules=tuple(m.lora_target_modules), head=m.lora_head)
 
 
-def _add(model: nn.Module, cfg: TrainConfig, name_or_path: str | None) -> None:
+def _add(model: nn.Module, cfg: TrainConfig, name_or_path: str | None, *, head: bool) -> None:
+    settings = dataclasses.replace(lora_settings(cfg.model), head=head)
     try:
-        lora.add_adapters(model, lora_settings(cfg.model), seed=cfg.seed, name_or_path=name_or_path)
+        lora.add_adapters(model, settings, seed=cfg.seed, name_or_path=name_or_path)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
 
 def add_policy_adapters(cfg: TrainConfig, policy: PolicyModel) -> None:
-    """LoRA on the policy's language model; a shared critic's value head keeps training in full."""
+    """LoRA on the policy's language model (its LM head too with ``model.lora_head``); a shared critic's
+    value head keeps training in full."""
     base = None if cfg.model.policy == "builtin" else cfg.model.policy
-    _add(policy.lm, cfg, base)
+    _add(policy.lm, cfg, base, head=cfg.model.lora_head)
 
 
 def build_reference(policy: PolicyModel) -> PolicyModel | AdaptersOff:
@@ -54,7 +58,7 @@ def add_critic_adapters(cfg: TrainConfig, critic: CriticModel, policy_lm: nn.Mod
     body = trunk(critic.model)
     if donor is not None:
         share_weights(body, trunk(donor))
-    _add(critic.model, cfg, None)
+    _add(critic.model, cfg, None, head=False)
     scalar_head(critic.model).requires_grad_(True)
 
 

@@ -66,7 +66,13 @@ class ModelConfig:
     first epoch's ratio is exactly 1); > 0 makes the update's forward differ from the rollout's."""
     lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     """Layers that get adapters: 'all-linear' (every linear layer of the transformer body; not the
-    output head) or module names such as q_proj, v_proj (a name matches a module whose path ends in it)."""
+    output head, see `lora_head`) or module names such as q_proj, v_proj (a name matches a module whose
+    path ends in it; each name must match one)."""
+    lora_head: bool = False
+    """Also put adapters on the policy's output head (LM head), which otherwise stays frozen. Small
+    models may need it to sharpen their output distribution (docs/lora.md); a head that shares its weight
+    with the input embeddings (tie_word_embeddings) is refused, as merging would change both. A critic's
+    value head trains in full either way."""
     compile_kernels: bool = False
     """Fuse RMSNorm, RoPE and SwiGLU of Qwen2/Llama training forwards/backwards with torch.compile
     (each becomes one loop instead of several passes over its tensor). Costs a compile at start-up

@@ -37,6 +37,8 @@ def _check_lora(cfg: TrainConfig) -> None:
     if m.lora_r < 0:
         raise ConfigError(f"`model.lora_r` must be >= 0 (0 = no LoRA), got {m.lora_r}")
     if not m.lora_r:
+        if m.lora_head:
+            raise ConfigError("`model.lora_head` needs `model.lora_r` > 0 (the rank of the adapters)")
         return
     _pos("model.lora_alpha", m.lora_alpha)
     if not 0 <= m.lora_dropout < 1:
