@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 
 from ..models.logprobs import position_ids_from_mask  # noqa: F401 (re-exported)
-from .rows import InputError, RowsLike, _check_rows, _read
+from .rows import InputError, RowsLike, check_rows, read_source
 
 
 class ChatTemplateError(InputError):
@@ -66,7 +66,7 @@ def load_sft_rows(path_or_rows: RowsLike, name: str = "sft data", split: str = "
     a list of one assistant message, and a ``messages`` column (a conversation ending with an
     assistant turn) in place of ``prompt`` and ``response``, split into the messages before that turn
     (the prompt) and its content (the response). Rows keep their other columns."""
-    rows, source = _read(path_or_rows, name, split)
+    rows, source = read_source(path_or_rows, name, split)
     out = []
     for i, row in enumerate(rows):
         if isinstance(row, Mapping):
@@ -77,7 +77,7 @@ def load_sft_rows(path_or_rows: RowsLike, name: str = "sft data", split: str = "
                 prompt, response = split_conversation(row["messages"], f"{what} 'messages'")
                 row = {**row, "prompt": prompt, "response": response}
         out.append(row)
-    _check_rows(out, ("prompt", "response"), name, source, text_only=("response",),
+    check_rows(out, ("prompt", "response"), name, source, text_only=("response",),
                 hint=" (or a 'messages' column: a conversation ending with an assistant turn)")
     return out
 
@@ -90,7 +90,7 @@ def load_preference_rows(path_or_rows: RowsLike, name: str = "preference data", 
     the prompt."""
     from ..rollout.text import is_conversation
 
-    rows, source = _read(path_or_rows, name, split)
+    rows, source = read_source(path_or_rows, name, split)
     out = []
     for i, row in enumerate(rows):
         if isinstance(row, Mapping) and "chosen" in row and "rejected" in row:
@@ -106,7 +106,7 @@ def load_preference_rows(path_or_rows: RowsLike, name: str = "preference data", 
                                      "before their last assistant turn, so neither is the prompt; give a 'prompt' column")
                 row = {**row, "prompt": prompt, "chosen": chosen, "rejected": rejected}
         out.append(row)
-    _check_rows(out, ("prompt", "chosen", "rejected"), name, source, text_only=("chosen", "rejected"))
+    check_rows(out, ("prompt", "chosen", "rejected"), name, source, text_only=("chosen", "rejected"))
     return out
 
 

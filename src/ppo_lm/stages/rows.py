@@ -230,7 +230,7 @@ def _read_directory(path: Path, name: str, split: str) -> tuple[list[dict], str]
     return _read_files(sorted(files), name, source), source
 
 
-def _read(path_or_rows: RowsLike, name: str, split: str) -> tuple[list, str]:
+def read_source(path_or_rows: RowsLike, name: str, split: str) -> tuple[list, str]:
     """The rows of ``path_or_rows`` unchecked, and what to call their source in messages."""
     if not isinstance(path_or_rows, (str, os.PathLike)):
         return [dict(r) if isinstance(r, Mapping) else r for r in path_or_rows], "in-memory rows"
@@ -248,8 +248,8 @@ def _read(path_or_rows: RowsLike, name: str, split: str) -> tuple[list, str]:
     return _read_files([path], name, source), source
 
 
-def _check_rows(rows: list, required: Sequence[str], name: str, source: str, text_only: Sequence[str] = (),
-                hint: str = "") -> None:
+def check_rows(rows: list, required: Sequence[str], name: str, source: str, text_only: Sequence[str] = (),
+               hint: str = "") -> None:
     """Every row a dict holding the ``required`` columns, each text or chat messages (text only for the
     columns in ``text_only``); ``hint`` is added to a missing-column message."""
     from ..rollout.text import is_conversation
@@ -290,7 +290,7 @@ def load_rows(
     found) or holds something other than text or chat messages in one of them. ``name`` says which
     dataset it is in error messages (e.g. ``"sft data"``).
     """
-    rows, source = _read(path_or_rows, name, split)
-    _check_rows(rows, list(required_columns), name, source)
+    rows, source = read_source(path_or_rows, name, split)
+    check_rows(rows, list(required_columns), name, source)
     return rows
 
