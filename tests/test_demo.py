@@ -54,3 +54,21 @@ def test_demo_accuracy_rises(tmp_path):
     cfg.ppo.iterations = 200
     summary = run_demo(cfg)
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.08, summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head", [False, True])
+def test_demo_with_lora_adapters_learns(tmp_path, head):
+    """LoRA r 16 on every linear layer of the body (and on the LM head with ``head``), critic adapters
+    and its full value head, on the built-in task: held-out accuracy rises by more than twice its
+    standard error on 200 prompts. (Measured on 2 threads, ≈ 2 min each: 19.0 → 25.0 / 30.0 / 28.0 /
+    28.5 / 32.0 / 34.5 % at 50 … 300 iterations with the body's adapters; 19.0 → 28.5 / 36.5 / 35.5 /
+    43.0 / 37.5 / 51.0 % with the head's too; docs/lora.md.)"""
+    cfg = DemoConfig(output_dir=str(tmp_path), threads=2, eval_every=1000)
+    cfg.ppo.iterations = 300
+    cfg.ppo.model.lora_r, cfg.ppo.model.lora_alpha, cfg.ppo.model.lora_head = 16, 32.0, head
+    cfg.ppo.optim.actor_lr = cfg.ppo.optim.critic_lr = 1e-3
+    summary = run_demo(cfg)
+    policy = tmp_path / "ppo" / "checkpoints" / "iter_000300" / "policy"
+    assert (policy / "adapter_model.safetensors").is_file() and not (policy / "model.safetensors").exists()
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.06, summary
