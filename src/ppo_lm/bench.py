@@ -239,8 +239,8 @@ def bench_command(argv: list[str]) -> dict:
     ap.add_argument("--logp-from-sampler", action="store_true",
                     help="rollout.logp_from_sampler: logp_old from the decode logits (no policy scoring forward)")
     ap.add_argument("--cpu-lanes", type=int, default=None,
-                    help="model.cpu_lanes (default: auto, two lanes, one for models of more than 32 M trained "
-                         "parameters): threads that each update/score a share of the rows")
+                    help="model.cpu_lanes (default: auto, two lanes, one when policy and critic train more than "
+                         "64 M fp32 parameters): threads that each update/score a share of the rows")
     ap.add_argument("--lora-r", type=int, default=0,
                     help="model.lora_r: train LoRA adapters of this rank on every linear layer (0: every weight)")
     ap.add_argument("--micro-batch-size", type=int, default=None, metavar="N",

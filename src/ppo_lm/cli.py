@@ -1,8 +1,9 @@
 """Command line: ``ppo-lm COMMAND ...``; :data:`COMMANDS` below lists them (train, sft, rm, demo, compare,
 plot, report, export, bench) with where each lives, imported only when run.
 
-The training commands read ``[--config FILE.yaml] [--section.field VALUE ...]``. Precedence: dataclass defaults < YAML file given by ``--config`` < flags. Flags mirror the config
-nesting with dashes: ``--algo.gae-lambda 0.9``, ``--rollout.max-new-tokens 16``, ``--resume``.
+The training commands read ``[--config FILE.yaml] [--section.field VALUE ...]``. Precedence: dataclass
+defaults < YAML file given by ``--config`` < flags. Flags mirror the config nesting with dashes:
+``--algo.gae-lambda 0.9``, ``--rollout.max-new-tokens 16``, ``--resume``.
 """
 
 from __future__ import annotations

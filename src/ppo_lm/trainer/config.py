@@ -85,8 +85,8 @@ class ModelConfig:
     gradients are summed. Fills the gaps where one op's threads would wait between ops (Python, the
     autograd engine, ops too small to split); each extra lane adds a malloc arena and a copy of the
     trained models' gradients to peak memory (see docs/benchmarks.md). 0 = auto: two lanes, one when
-    the trained gradients exceed 256 MiB (more than 32 M trained parameters in fp32; LoRA trains only
-    its adapters). N >= 1: N lanes (at most torch's thread count). Checkpointed models use one lane,
+    the trained gradients exceed 256 MiB (more than 64 M trained fp32 parameters, policy and critic
+    together; LoRA trains only its adapters). N >= 1: N lanes (at most torch's thread count). Checkpointed models use one lane,
     as do forwards too small to share. Ignored on GPUs and under torchrun."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weight dtype of the policy (and its frozen reference), a reward-model checkpoint and the separate
