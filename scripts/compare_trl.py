@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from ppo_lm.bench import host_cpu, host_load
+from ppo_lm.cli.bench import host_cpu, host_load
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,7 +21,7 @@ from pathlib import Path
 def main() -> int:
     import torch
 
-    from ppo_lm.bench import run_bench
+    from ppo_lm.cli.bench import run_bench
     from ppo_lm.trainer.config import TrainConfig
     from ppo_lm.trainer.ppo import PPOTrainer
 

@@ -1,6 +1,6 @@
 """Where a benchmark workload's memory goes: `python scripts/memory_breakdown.py --workload w3 --policy GGUF`.
 
-Builds the workload exactly as ``ppo-lm bench`` does (``ppo_lm.bench_workloads``: same models, config and
+Builds the workload exactly as ``ppo-lm bench`` does (``ppo_lm.cli.bench_workloads``: same models, config and
 ``PPOTrainer.train_iteration``) and reports, as one JSON line:
 
 * ``counted_mb``: the tensors whose size is known exactly — each model's weights (storages shared
@@ -142,20 +142,20 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cpu-lanes", type=int, default=None)
     ap.add_argument("--profile", action="store_true", help="also one torch.profiler iteration (slow)")
-    ap.add_argument("--no-release", action="store_true", help="without ppo_lm.lanes.release_free_memory (A/B)")
+    ap.add_argument("--no-release", action="store_true", help="without ppo_lm.runtime.memory.release_free_memory (A/B)")
     args = ap.parse_args(argv)
 
     import torch
     import transformers  # noqa: F401  (in the baseline, as the trainer imports it)
 
-    import ppo_lm.bench_workloads as workloads
+    import ppo_lm.cli.bench_workloads as workloads
     from ppo_lm.trainer.ppo import PPOTrainer
 
     torch.set_num_threads(args.threads)
     if args.no_release:
-        import ppo_lm.lanes
+        import ppo_lm.runtime.lanes
 
-        ppo_lm.lanes._TRIM = None
+        ppo_lm.runtime.memory._TRIM = None
     sampler = Sampler()
     sampler.start()
     report: dict = {"workload": args.workload, "release_free_memory": not args.no_release, "rss_mb": {"after imports": round(rss_mb())}}

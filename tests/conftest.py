@@ -1,5 +1,5 @@
 """Every test starts with the process's torch thread count: some set it (``threads=1`` runs), and
-the CPU lanes (``ppo_lm.lanes``) follow it."""
+the CPU lanes (``ppo_lm.runtime.lanes``) follow it."""
 
 from __future__ import annotations
 

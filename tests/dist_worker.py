@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from trainer_helpers import length_reward, tiny_config  # noqa: E402
 
-from ppo_lm import distributed as dist  # noqa: E402
+from ppo_lm.runtime import distributed as dist  # noqa: E402
 from ppo_lm.trainer.ppo import PPOTrainer  # noqa: E402
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ppo_lm import bench, bench_workloads
-from ppo_lm.cli import main
+from ppo_lm.cli import bench, bench_workloads
+from ppo_lm.cli.main import main
 
 KEYS = {"episodes_per_s", "peak_rss_mb", "s_per_iteration", "generate_s", "score_s", "advantage_s", "update_s",
         "rollout_tokens_per_s", "update_tokens_per_s", "achieved_gflop_per_s", "gflop_per_iteration",

@@ -9,8 +9,8 @@ import json
 import pytest
 from trainer_helpers import tiny_config
 
+from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.tasks.equations import build_tiny_policy, build_tokenizer
-from ppo_lm.trainer.config_io import ConfigError
 from ppo_lm.trainer.ppo import PPOTrainer
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

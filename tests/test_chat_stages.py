@@ -10,11 +10,11 @@ import json
 import datasets
 import pytest
 
-from ppo_lm.cli import main
+from ppo_lm.cli.main import main
+from ppo_lm.data.examples import ChatTemplateError, load_preference_rows, load_sft_rows
+from ppo_lm.data.rows import InputError
 from ppo_lm.stages import RMConfig, SFTConfig, build_sft_example, train_reward_model, train_sft
-from ppo_lm.stages.data import ChatTemplateError, load_preference_rows, load_sft_rows
 from ppo_lm.stages.rm import _encode_pairs, build_reward_model_from_policy_config
-from ppo_lm.stages.rows import InputError
 from ppo_lm.tasks.equations import (
     CHARACTERS,
     build_tiny_policy,

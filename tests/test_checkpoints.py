@@ -12,7 +12,7 @@ import pytest
 import torch
 from trainer_helpers import count_sevens, tiny_config
 
-from ppo_lm.cli import main
+from ppo_lm.cli.main import main
 from ppo_lm.trainer import checkpoint as ckpt
 from ppo_lm.trainer.checkpoint import MANIFEST, list_checkpoints, prune, verify, write_manifest
 from ppo_lm.trainer.ppo import PPOTrainer

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from ppo_lm import compare
-from ppo_lm.cli import main
-from ppo_lm.compare_report import smooth, spread, summarize
+from ppo_lm.cli import compare
+from ppo_lm.cli.main import main
+from ppo_lm.reporting.compare_report import smooth, spread, summarize
 from ppo_lm.trainer.config import TrainConfig
 
 

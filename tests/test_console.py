@@ -118,7 +118,7 @@ def test_cli_prints_its_own_warnings_as_one_line(tmp_path, capsys):
     score is equal still prints its line per iteration."""
     import warnings as w
 
-    from ppo_lm import cli
+    from ppo_lm.cli import main as cli
     from ppo_lm.trainer import ppo
 
     assert cli._format_warning("every response scored 1", UserWarning, ppo.__file__, 7) == \
@@ -139,7 +139,7 @@ def test_train_and_demo_help_is_complete_and_plain(capsys, command):
     no Sphinx markup."""
     from test_stage_errors import _documented_fields, plain_help
 
-    from ppo_lm.demo import DemoConfig
+    from ppo_lm.cli.demo import DemoConfig
     from ppo_lm.trainer import config as c
 
     plain_help(capsys, command)

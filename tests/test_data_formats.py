@@ -15,7 +15,7 @@ import datasets
 import pyarrow as pa
 import pytest
 
-from ppo_lm.stages.rows import InputError, load_rows
+from ppo_lm.data.rows import InputError, load_rows
 
 ROWS = [{"prompt": "Solve x+1=3\n", "response": "x=2"}, {"prompt": "Solve 2x=8\n", "response": "x=4"}]
 CHAT = [

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ppo_lm.cli import main
-from ppo_lm.demo import DemoConfig, run_demo
+from ppo_lm.cli.demo import DemoConfig, run_demo
+from ppo_lm.cli.main import main
 
 
 @pytest.mark.parametrize("rlhf", [False, True])

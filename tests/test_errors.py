@@ -11,11 +11,11 @@ import textwrap
 import pytest
 from trainer_helpers import tiny_config
 
-from ppo_lm.cli import main
+from ppo_lm.cli.main import main
 from ppo_lm.models.loading import ModelLoadError, check_model_dir, load_model
 from ppo_lm.rollout.reward import load_verifier, score_with_verifier
+from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.trainer import builders
-from ppo_lm.trainer.config_io import ConfigError
 from ppo_lm.trainer.ppo import PPOTrainer
 
 TRAIN = ["train", "--threads", "1", "--iterations", "1", "--rollout.num-prompts", "8", "--log.no-progress",

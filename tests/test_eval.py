@@ -9,9 +9,9 @@ import pytest
 from dist_worker import save_reward_model
 from trainer_helpers import count_sevens, tiny_config
 
-from ppo_lm.evaluate import greedy_eval
+from ppo_lm.rollout.evaluate import greedy_eval
+from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.tasks.equations import make_prompts, verify
-from ppo_lm.trainer.config_io import ConfigError
 from ppo_lm.trainer.metrics_log import is_timing_key
 from ppo_lm.trainer.ppo import PPOTrainer
 
@@ -112,7 +112,7 @@ def test_training_and_held_out_prompts_from_the_splits_of_one_dataset(tmp_path):
 
 
 def test_evaluations_are_plotted(tmp_path):
-    from ppo_lm.plots import panels_of, plot_run
+    from ppo_lm.reporting.plots import panels_of, plot_run
 
     run = tmp_path / "run"
     PPOTrainer(_eval_cfg(run, iterations=2, log__eval_samples=2), verifier=count_sevens).train()

@@ -1,4 +1,4 @@
-"""CPU lanes (``ppo_lm.lanes``): independent work side by side on threads, same results as one at a time."""
+"""CPU lanes (``ppo_lm.runtime.lanes``): independent work side by side on threads, same results as one at a time."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from trainer_helpers import length_reward, tiny_config
 
-from ppo_lm import lanes as lanes_module
-from ppo_lm.lanes import Lanes, resolve_lanes
+from ppo_lm.runtime import lanes as lanes_module
+from ppo_lm.runtime.lanes import Lanes, resolve_lanes
 from ppo_lm.trainer.ppo import PPOTrainer
 
 
@@ -79,7 +79,7 @@ def test_fewer_threads_than_tasks_runs_them_in_turn():
 def test_accumulate_sums_lanes_into_fresh_gradients():
     """autograd may return one tensor for two parameters, or a broadcast view: ``.grad`` must own
     its memory, or later in-place accumulation would leak into the other parameter."""
-    from ppo_lm.lanes import accumulate
+    from ppo_lm.runtime.lanes import accumulate
 
     a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
     shared = torch.tensor([0.0, 1.0, 2.0])

@@ -1,30 +1,49 @@
-"""The package's layout: layers import one way (algorithms ← models ← rollout ← trainer ← cli), no
-module imports another that imports it back (type-only imports included), and the repository cites
-only its own documents."""
+"""The package's layout (docs/architecture.md): every package and top-level module sits in a layer,
+layers import one way (a module imports only from lower layers and from its own package), and no module
+imports another that imports it back — type-only and function-level imports included, and through a
+package's ``__init__``, which Python runs before any of its modules. The repository cites only its own
+documents."""
 
 from __future__ import annotations
 
 import ast
 import re
+import shutil
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "ppo_lm"
 
-# A layer may import from the layers before it, never from those after it.
-LAYERS = ["algorithms", "models", "rollout", "trainer"]
+LAYERS: list[set[str]] = [
+    {"ppo_lm", "runtime", "algorithms", "tasks"},  # the root's face holds only the version
+    {"models", "data"},
+    {"rollout"},
+    {"stages", "trainer"},
+    {"reporting"},
+    {"cli"},
+    {"__main__"},  # python -m ppo_lm
+]
+"""Bottom to top. A module may import from lower layers and from its own package; two packages of
+one layer import nothing of each other. ``ppo_lm`` is the root package's ``__init__``."""
 
 
-def _modules() -> dict[str, Path]:
+def _modules(pkg: Path = PKG) -> dict[str, Path]:
     out = {}
-    for p in PKG.rglob("*.py"):
-        rel = p.relative_to(PKG.parent).with_suffix("")
+    for p in pkg.rglob("*.py"):
+        rel = p.relative_to(pkg.parent).with_suffix("")
         parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
         out[".".join(parts)] = p
     return out
 
 
+def _ancestors(mod: str) -> list[str]:
+    parts = mod.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def _imports(mod: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """What importing ``mod`` runs: every module it names (at any depth of its code), and each one's
+    packages, whose ``__init__`` runs first — except ``mod``'s own, already running when it loads."""
     is_pkg = path.name == "__init__.py"
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -40,18 +59,48 @@ def _imports(mod: str, path: Path, mods: dict[str, Path]) -> set[str]:
                 found.add(name if name in mods else target)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
-    return {t for t in found if t in mods and t != mod and not (is_pkg and t.startswith(mod + "."))}
+    own = set(_ancestors(mod)) | ({mod} if is_pkg else set())
+    found |= {a for t in list(found) for a in _ancestors(t)}
+    return {t for t in found if t in mods and t != mod and t not in own}
 
 
-def _graph() -> dict[str, set[str]]:
-    mods = _modules()
+def _graph(pkg: Path = PKG) -> dict[str, set[str]]:
+    mods = _modules(pkg)
     return {m: _imports(m, p, mods) for m, p in mods.items()}
 
 
-def test_no_import_cycles():
-    graph = _graph()
-    cycles = []
+def _layer(mod: str) -> int | None:
+    top = mod.split(".")[1] if mod.count(".") else mod
+    return next((i for i, layer in enumerate(LAYERS) if top in layer), None)
 
+
+def _top(mod: str) -> str:
+    return mod.split(".")[1] if mod.count(".") else mod
+
+
+def unlisted(graph: dict[str, set[str]]) -> list[str]:
+    return sorted({_top(m) for m in graph if _layer(m) is None})
+
+
+def upward_paths(graph: dict[str, set[str]]) -> list[str]:
+    """Every import path (direct or through other modules) from a module to one of a layer that is
+    not below it, outside its own package: ``a -> b -> c`` where ``c`` is wrongly reached."""
+    wrong = []
+    for start in graph:
+        seen, todo = {start: [start]}, [start]
+        while todo:
+            here = todo.pop()
+            for nxt in sorted(graph[here]):
+                if nxt in seen:
+                    continue
+                seen[nxt] = seen[here] + [nxt]
+                todo.append(nxt)
+                if _top(nxt) != _top(start) and nxt != "ppo_lm" and not _layer(nxt) < _layer(start):
+                    wrong.append(" -> ".join(seen[nxt]))
+    return wrong
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
     def reach(start: str) -> set[str]:
         seen, todo = set(), [start]
         while todo:
@@ -61,27 +110,63 @@ def test_no_import_cycles():
                     todo.append(nxt)
         return seen
 
-    for m in graph:
-        if m in reach(m):
-            cycles.append(m)
-    assert not cycles, f"modules on an import cycle: {sorted(cycles)}"
+    return sorted(m for m in graph if m in reach(m))
+
+
+def test_every_package_and_top_level_module_is_in_a_layer():
+    assert not unlisted(_graph()), f"not in a layer of LAYERS: {unlisted(_graph())}"
+
+
+def test_no_import_cycles():
+    found = cycles(_graph())
+    assert not found, f"modules on an import cycle: {found}"
 
 
 def test_layers_import_one_way():
-    wrong = []
-    for mod, targets in _graph().items():
-        layer = mod.split(".")[1] if mod.count(".") else ""
-        if layer not in LAYERS:
-            continue
-        later = LAYERS[LAYERS.index(layer) + 1 :] + ["cli", "commands", "demo", "bench"]
-        wrong += [f"{mod} -> {t}" for t in targets if t.count(".") and t.split(".")[1] in later]
-    assert not wrong, wrong
+    wrong = upward_paths(_graph())
+    assert not wrong, wrong[:10]
+
+
+def _tree_with(tmp_path: Path, file: str, line: str) -> Path:
+    pkg = tmp_path / "ppo_lm"
+    shutil.copytree(PKG, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    target = pkg / file
+    target.write_text(target.read_text() + "\n" + line + "\n")
+    return pkg
+
+
+def test_an_algorithms_module_importing_a_command_module_is_caught(tmp_path):
+    """algorithms/stats.py -> cli/bench_workloads.py: an upward path, and, since bench_workloads reaches
+    the models, which import the algorithms package, a cycle through algorithms/__init__.py."""
+    graph = _graph(_tree_with(tmp_path, "algorithms/stats.py", "from ..cli import bench_workloads"))
+    assert any(p.startswith("ppo_lm.algorithms.stats -> ppo_lm.cli.bench_workloads") for p in upward_paths(graph))
+    assert {"ppo_lm.algorithms", "ppo_lm.algorithms.stats", "ppo_lm.cli.bench_workloads"} <= set(cycles(graph))
+
+
+def test_a_models_module_importing_reporting_is_caught(tmp_path):
+    graph = _graph(_tree_with(tmp_path, "models/onednn.py", "from ..reporting import plots, report_page"))
+    wrong = upward_paths(graph)
+    assert "ppo_lm.models.onednn -> ppo_lm.reporting.plots" in wrong
+    assert "ppo_lm.models.onednn -> ppo_lm.reporting.report_page" in wrong
+
+
+def test_a_package_missing_from_the_layers_is_caught(tmp_path):
+    pkg = _tree_with(tmp_path, "models/onednn.py", "")
+    (pkg / "helpers.py").write_text("X = 1\n")
+    assert unlisted(_graph(pkg)) == ["helpers"]
+
+
+def test_every_package_has_an_init():
+    missing = [str(d.relative_to(PKG)) for d in PKG.rglob("*") if d.is_dir() and d.name != "__pycache__"
+               and not (d / "__init__.py").is_file()]
+    assert not missing, missing
 
 
 def test_the_trainer_core_does_not_know_lanes_exist():
     """CPU lanes sit behind Lanes.map_rows/backward_rows; only the code that builds them names them."""
-    allowed = {"ppo_lm.lanes", "ppo_lm.trainer.learner", "ppo_lm.trainer.update", "ppo_lm.rollout.collect"}
-    users = {m for m, t in _graph().items() if "ppo_lm.lanes" in t}
+    allowed = {"ppo_lm.runtime", "ppo_lm.runtime.lanes", "ppo_lm.trainer.learner", "ppo_lm.trainer.update",
+               "ppo_lm.rollout.collect"}
+    users = {m for m, t in _graph().items() if "ppo_lm.runtime.lanes" in t}
     assert users <= allowed, users - allowed
     update = (PKG / "trainer" / "update.py").read_text()
     assert "autograd.grad" not in update and "no_sync()" not in update and "DistributedDataParallel" not in update

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_lm.lanes import release_free_memory
 from ppo_lm.models import kernels
+from ppo_lm.runtime.memory import release_free_memory
 
 
 def _saved_bytes(fn, *args) -> tuple[torch.Tensor, int]:

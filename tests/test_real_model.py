@@ -55,7 +55,7 @@ def test_a_gguf_policy_loads_saves_and_reloads(tmp_path):
 def test_one_ppo_iteration_on_smollm2_with_chat_prompts(tmp_path, capsys):
     import json
 
-    from ppo_lm.cli import main
+    from ppo_lm.cli.main import main
 
     rows = [{"prompt": [{"role": "user", "content": f"What is {a}+{b}? Answer with the number only."}],
              "answer": str(a + b)} for a, b in [(2, 3), (4, 4), (1, 6), (5, 2)]]

@@ -12,7 +12,7 @@ import shutil
 import pytest
 from trainer_helpers import length_reward, tiny_config
 
-from ppo_lm.cli import main
+from ppo_lm.cli.main import main
 from ppo_lm.trainer.ppo import PPOTrainer
 
 

@@ -11,7 +11,7 @@ import torch
 from dist_worker import save_reward_model
 from trainer_helpers import count_sevens, length_reward, tiny_config
 
-from ppo_lm.cli import main
+from ppo_lm.cli.main import main
 from ppo_lm.trainer.ppo import PPOTrainer
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 from tokenizers.processors import TemplateProcessing
 
+from ppo_lm.data.examples import encode_prompt_response
+from ppo_lm.data.prompts import encode_prompts
 from ppo_lm.rollout.sampling import Generation
-from ppo_lm.rollout.text import encode_prompts, response_texts
-from ppo_lm.stages.data import encode_prompt_response
+from ppo_lm.rollout.text import response_texts
 from ppo_lm.tasks.equations import build_tokenizer
 
 

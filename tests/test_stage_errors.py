@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from ppo_lm import bench, bench_workloads
-from ppo_lm.cli import main
-from ppo_lm.commands import RMCommand, SFTCommand
-from ppo_lm.demo import DemoConfig
+from ppo_lm.cli import bench, bench_workloads
+from ppo_lm.cli.demo import DemoConfig
+from ppo_lm.cli.main import main
+from ppo_lm.cli.stages import RMCommand, SFTCommand
+from ppo_lm.data.rows import InputError
 from ppo_lm.stages.rm import RMConfig
-from ppo_lm.stages.rows import InputError
 from ppo_lm.stages.sft import SFTConfig, train_sft
 
 SMALL = ["--builtin-hidden-size", "32"]

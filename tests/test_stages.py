@@ -6,20 +6,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from ppo_lm.data import encode_prompt_response, last_token_index, load_rows, pad_sequences, split_rows
 from ppo_lm.stages import (
     RMConfig,
     SFTConfig,
     build_reward_model_from_policy_config,
     build_sft_example,
     collate_sft,
-    encode_prompt_response,
-    last_token_index,
-    load_rows,
-    pad_sequences,
     score_sequences,
     score_texts,
     sft_loss,
-    split_rows,
     train_reward_model,
     train_sft,
 )
@@ -279,7 +275,7 @@ def test_optimizer_step_refuses_a_nonfinite_gradient_before_stepping():
     (["rm", "--data", "PAIRS"], "lacks column"),
 ])
 def test_stage_commands_report_bad_input_without_a_traceback(tmp_path, capsys, argv, message):
-    from ppo_lm.cli import main
+    from ppo_lm.cli.main import main
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(json.dumps({"prompt": "1+1=", "good": "2"}) + "\n")
@@ -290,7 +286,7 @@ def test_stage_commands_report_bad_input_without_a_traceback(tmp_path, capsys, a
 
 
 def test_non_text_cells_are_named():
-    from ppo_lm.stages.rows import InputError, load_rows
+    from ppo_lm.data.rows import InputError, load_rows
 
     with pytest.raises(InputError, match="row 1 of in-memory rows has a int in column 'response', not text"):
         load_rows([{"prompt": "a", "response": "b"}, {"prompt": "a", "response": 1}], ("prompt", "response"))
@@ -311,7 +307,7 @@ def test_stage_commands_seed_the_whole_run(monkeypatch, tmp_path):
     the top-level one (default 0), reaches the stage."""
     import ppo_lm.stages.rm as rm_mod
     import ppo_lm.stages.sft as sft_mod
-    from ppo_lm.commands import RMCommand, SFTCommand, run_rm, run_sft
+    from ppo_lm.cli.stages import RMCommand, SFTCommand, run_rm, run_sft
 
     seen = {}
     monkeypatch.setattr(sft_mod, "train_sft", lambda m, t, rows, cfg, seed, **k: (

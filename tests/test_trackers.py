@@ -15,8 +15,8 @@ import time
 import pytest
 from trainer_helpers import count_sevens, length_reward, tiny_config
 
+from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.trainer import trackers as trackers_mod
-from ppo_lm.trainer.config_io import ConfigError
 from ppo_lm.trainer.metrics_log import MetricsLogger
 
 ROWS = [  # iteration 0 (the eval before training), then two training iterations, one NaN value

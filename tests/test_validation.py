@@ -9,10 +9,11 @@ import pytest
 from trainer_helpers import count_sevens, length_reward, tiny_config
 
 from ppo_lm.algorithms import POLICY_LOSSES
-from ppo_lm.cli import main
+from ppo_lm.cli.main import main
 from ppo_lm.rollout.reward import RewardError
+from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.trainer.config import TrainConfig
-from ppo_lm.trainer.config_io import ConfigError, from_dict, load_yaml
+from ppo_lm.trainer.config_io import from_dict, load_yaml
 from ppo_lm.trainer.ppo import NonFiniteLossError, PPOTrainer
 from ppo_lm.trainer.validate import validate_config
 

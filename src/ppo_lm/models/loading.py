@@ -15,7 +15,7 @@ from typing import Literal
 
 from torch import nn
 
-from ..errors import UserError
+from ..runtime.errors import UserError
 from .hf_compat import gguf_file
 
 Kind = Literal["causal-lm", "sequence-classification", "token-classification", "any"]

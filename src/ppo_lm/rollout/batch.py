@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
-from .. import distributed as dist
+from ..runtime import distributed as dist
 
 WIDTH_STEP = 16
 """Trimmed response widths are rounded up to a multiple of this (within the block): a few distinct

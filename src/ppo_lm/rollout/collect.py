@@ -9,14 +9,15 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from ..lanes import Lanes
+from ..data.prompts import encode_prompts
 from ..models.actor_critic import CriticModel, PolicyModel
 from ..models.lora import adapters_off
 from ..models.sharding import frozen_mode, gathered
+from ..runtime.lanes import Lanes
 from .batch import RolloutBatch, agreed_length_groups
 from .reward import RewardTerm, Verifier, combine_terms, score_with_model, score_with_verifier
 from .sampling import SamplingParams, generate
-from .text import encode_prompts, response_texts
+from .text import response_texts
 
 
 @dataclass
@@ -48,7 +49,7 @@ def collect_rollout(
 ) -> RolloutBatch:
     """Sample ``samples_per_prompt`` responses per prompt row and score them.
 
-    ``lanes``: how forwards over rows run (on CPU: shares side by side, :mod:`ppo_lm.lanes`).
+    ``lanes``: how forwards over rows run (on CPU: shares side by side, :mod:`ppo_lm.runtime.lanes`).
     ``logp_from_sampler``: logp_old from the decode logits (no scoring forward of the policy, unless
     the shared critic needs it for values); by default a training-layout forward computes it.
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..errors import UserError
 from ..models.actor_critic import RewardScorer, sequence_scores
 from ..models.sharding import frozen_mode
+from ..runtime.errors import UserError
 
 Verifier = Callable[..., Sequence[float]]
 """``f(prompts: list[str], responses: list[str], **columns) -> list[float]``; columns are the extra

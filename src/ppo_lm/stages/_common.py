@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .rows import InputError
+from ..data.rows import InputError
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 

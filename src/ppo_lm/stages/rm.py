@@ -25,6 +25,17 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from ..data.examples import (
+    check_chat_template,
+    encode_prompt_response,
+    last_token_index,
+    load_preference_rows,
+    load_sft_rows,
+    naming,
+    pad_sequences,
+    split_rows,
+)
+from ..data.rows import InputError, RowsLike
 from ..models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, sequence_scores
 from ._common import (
     batch_indices,
@@ -37,17 +48,6 @@ from ._common import (
     total_steps,
     window_log_entry,
 )
-from .data import (
-    check_chat_template,
-    encode_prompt_response,
-    last_token_index,
-    load_preference_rows,
-    load_sft_rows,
-    naming,
-    pad_sequences,
-    split_rows,
-)
-from .rows import InputError, RowsLike
 
 logger = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ def train_reward_model(
 ) -> dict:
     """Train ``model`` in place on pairs (columns ``prompt``, ``chosen``, ``rejected``); returns metrics.
 
-    ``rows`` is anything :func:`~ppo_lm.stages.data.load_preference_rows` accepts: ``prompt`` text or
+    ``rows`` is anything :func:`~ppo_lm.data.examples.load_preference_rows` accepts: ``prompt`` text or
     chat messages (rendered with the tokenizer's chat template), ``chosen``/``rejected`` text or one
     assistant message each, or, without ``prompt``, two conversations that differ only in their last
     (assistant) turn.

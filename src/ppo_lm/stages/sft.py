@@ -17,6 +17,15 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from ..data.examples import (
+    check_chat_template,
+    encode_prompt_response,
+    load_sft_rows,
+    naming,
+    pad_sequences,
+    split_rows,
+)
+from ..data.rows import InputError, RowsLike
 from ._common import (
     batch_indices,
     check_stage_config,
@@ -28,15 +37,6 @@ from ._common import (
     total_steps,
     window_log_entry,
 )
-from .data import (
-    check_chat_template,
-    encode_prompt_response,
-    load_sft_rows,
-    naming,
-    pad_sequences,
-    split_rows,
-)
-from .rows import InputError, RowsLike
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def build_sft_example(
     """``(input_ids, labels)`` of equal length: prompt positions labelled -100, response + EOS kept.
 
     ``prompt`` is text or chat messages (rendered by the chat template, see
-    :func:`~ppo_lm.stages.data.encode_prompt_response`); ``response`` text or one assistant message."""
+    :func:`~ppo_lm.data.examples.encode_prompt_response`); ``response`` text or one assistant message."""
     prompt_ids, response_ids = encode_prompt_response(tokenizer, prompt, response, add_special_tokens)
     return prompt_ids + response_ids, [IGNORE_INDEX] * len(prompt_ids) + response_ids
 
@@ -160,7 +160,7 @@ def train_sft(
 ) -> dict:
     """Fine-tune ``model`` in place on ``rows`` (columns ``prompt``, ``response``); returns metrics.
 
-    ``rows`` is anything :func:`~ppo_lm.stages.data.load_sft_rows` accepts: ``prompt`` text or chat
+    ``rows`` is anything :func:`~ppo_lm.data.examples.load_sft_rows` accepts: ``prompt`` text or chat
     messages (rendered with the tokenizer's chat template), ``response`` text or one assistant message,
     or a ``messages`` conversation ending with the assistant turn to train on. Held-out rows are ``eval_rows``
     if given, else a seeded ``heldout_fraction`` of ``rows``. ``seed`` decides the held-out split, the

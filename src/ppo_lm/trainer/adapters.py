@@ -10,9 +10,9 @@ from torch import nn
 from ..models import lora
 from ..models.actor_critic import AdaptersOff, CriticModel, PolicyModel
 from ..models.hf_compat import scalar_head, trunk
+from ..runtime.errors import ConfigError
 from . import builders
 from .config import ModelConfig, TrainConfig
-from .config_io import ConfigError
 
 
 def lora_settings(m: ModelConfig) -> lora.LoraSettings | None:

@@ -8,14 +8,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..data.prompts import check_prompt_rows
 from ..models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, CriticModel, PolicyModel
 from ..models.hf_compat import disable_dropout, load_tokenizer, scalar_head, trunk
 from ..models.loading import check_tokenizer_dir, load_model
 from ..rollout.reward import RewardTerm, load_verifier, term_name
-from ..rollout.text import is_conversation, render_conversation
+from ..runtime.errors import ConfigError
 from . import console
 from .config import DataConfig, ModelConfig, TrainConfig
-from .config_io import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -301,34 +301,6 @@ def build_policy_module(cfg: TrainConfig, policy_lm: nn.Module, *, with_value_he
     return PolicyModel(policy_lm, value_head=head, value_grad_scale=cfg.model.value_grad_scale)
 
 
-def check_prompt_rows(rows: list[dict], prompt_column: str, source: str = "`data.prompts`") -> None:
-    """Every row has the same columns (the verifier receives them for every response) and a non-empty
-    text in ``prompt_column``."""
-    if not rows:
-        raise ConfigError(f"{source}: the prompt dataset is empty")
-    not_dict = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
-    if not_dict is not None:
-        raise ConfigError(f"{source}: row {not_dict} is a {type(rows[not_dict]).__name__}, not a dict of columns")
-    odd = next((i for i, r in enumerate(rows) if r.keys() != rows[0].keys()), None)
-    if odd is not None:
-        raise ConfigError(
-            f"{source}: row {odd} has columns {sorted(rows[odd])} but row 0 has {sorted(rows[0])}; every "
-            "row needs the same columns (the verifier receives them for every response)"
-        )
-    if prompt_column not in rows[0]:
-        raise ConfigError(f"{source}: no column {prompt_column!r} (`data.prompt_column`); columns: {sorted(rows[0])}")
-    bad = [i for i, r in enumerate(rows) if not (isinstance(r[prompt_column], str) and r[prompt_column])
-           and not is_conversation(r[prompt_column])]
-    if bad:
-        raise ConfigError(f"{source}: row {bad[0]} has an empty or non-text `{prompt_column}` (give text, or a "
-                          "list of {'role': ..., 'content': ...} messages)")
-    chat = is_conversation(rows[0][prompt_column])
-    odd = next((i for i, r in enumerate(rows) if is_conversation(r[prompt_column]) != chat), None)
-    if odd is not None:
-        raise ConfigError(f"{source}: rows 0 and {odd} hold different kinds of `{prompt_column}` (plain text and "
-                          "chat messages); use one kind")
-
-
 def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False) -> list[dict]:
     """The training prompts of ``cfg`` (``held_out``: its evaluation prompts), read and checked by their
     columns (no tokenizer needed)."""
@@ -344,7 +316,7 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False) -> l
         rows = (make_prompts(cfg.builtin_eval_prompts, seed=seed + 10_000, split="heldout", unique=True) if held_out
                 else make_prompts(cfg.builtin_num_prompts, seed=seed, split="train"))
     else:
-        from ..stages.rows import load_rows
+        from ..data.rows import load_rows
 
         try:
             # columns checked below: the prompt column may hold chat messages as well as text
@@ -353,39 +325,3 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False) -> l
             raise ConfigError(str(e)) from None
     check_prompt_rows(rows, cfg.prompt_column, source=f"`{field}`")
     return rows
-
-
-def render_prompts(rows: list[dict], cfg: DataConfig, tokenizer) -> tuple[list[dict], bool]:
-    """Rows whose prompt column holds chat messages, rendered to text with the chat template
-    (``data.chat_template``); returns (rows, rendered). Plain-text prompts are returned as they are."""
-    column = cfg.prompt_column
-    if not rows or not is_conversation(rows[0][column]):
-        return rows, False
-    if cfg.chat_template == "none":
-        raise ConfigError(f"`data.prompts`: `{column}` holds chat messages but `data.chat_template` is 'none'; "
-                          "set it to 'auto' (the tokenizer's template) or a Jinja file")
-    template = None
-    if cfg.chat_template != "auto":
-        template = Path(cfg.chat_template).read_text()
-    elif not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"`data.prompts`: `{column}` holds chat messages but the tokenizer has no chat template; "
-                          "set `data.chat_template` to a Jinja template file")
-    try:
-        return [{**r, column: render_conversation(tokenizer, r[column], template)} for r in rows], True
-    except Exception as e:  # noqa: BLE001 (a user's Jinja template can raise anything)
-        raise ConfigError(f"`data.chat_template`: rendering the messages of row 0 failed: {type(e).__name__}: {e}") from None
-
-
-def check_prompt_lengths(rows: list[dict], prompt_column: str, tokenizer, *, max_prompt_tokens: int,
-                         add_special_tokens: bool = True) -> None:
-    """Every prompt fits ``max_prompt_tokens`` (the context less the response length), counted as the
-    rollout encodes it."""
-    lengths = [len(ids) for ids in tokenizer([r[prompt_column] for r in rows],
-                                             add_special_tokens=add_special_tokens)["input_ids"]]
-    longest = max(range(len(rows)), key=lengths.__getitem__)
-    if lengths[longest] > max_prompt_tokens:
-        raise ConfigError(
-            f"`data.prompts`: prompt {longest} has {lengths[longest]} tokens but the model's context leaves "
-            f"{max_prompt_tokens} for the prompt (max_position_embeddings − rollout.max_new_tokens); "
-            f"shorten it or lower `rollout.max_new_tokens`: {rows[longest][prompt_column][:80]!r}"
-        )

@@ -12,14 +12,10 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
-from ..errors import UserError
+from ..runtime.errors import ConfigError
 from .files import atomic_write_text
 
 C = TypeVar("C")
-
-
-class ConfigError(UserError, ValueError):
-    """A configuration value is invalid; the message names the field."""
 
 
 def _hints(cls: type) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import time
 
 from torch import nn
 
-from .. import distributed as dist
+from ..runtime import distributed as dist
 
 
 def say(message: str) -> None:

@@ -2,7 +2,7 @@
 per-token quantity of steps 1–4 — log-probs, KL, shaped reward, value, TD residual, advantage before and
 after whitening, return, and the ratio after the update — one JSON line per episode, a list per quantity.
 
-``ppo-lm report`` (:mod:`ppo_lm.report`) draws it; the file is plain JSON for any other tool too.
+``ppo-lm report`` (:mod:`ppo_lm.reporting.credit_report`) draws it; the file is plain JSON for any other tool too.
 """
 
 from __future__ import annotations

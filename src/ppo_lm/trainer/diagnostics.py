@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import distributed as dist
 from ..algorithms import explained_variance, kl_penalty
 from ..rollout.batch import RolloutBatch
+from ..runtime import distributed as dist
 
 
 def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, returns: Tensor | None, *,

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import distributed as dist
-from ..lanes import Lanes, lanes_for
 from ..models import sharding
 from ..models.actor_critic import CriticModel, PolicyModel
-from ..models.hf_compat import hidden_size
+from ..models.hf_compat import hidden_size, is_checkpointed
+from ..runtime import distributed as dist
+from ..runtime.lanes import Lanes, lanes_for
 from .config import TrainConfig
 
 
@@ -84,5 +84,6 @@ def build_learner(cfg: TrainConfig, policy: PolicyModel, critic: CriticModel | N
         policy, critic, policy_fwd, critic_fwd, actor_params, critic_params, actor_opt, critic_opt,
         _scheduler(o.schedule, actor_opt, o.warmup_steps, actor_total),
         _scheduler(o.schedule, critic_opt, o.warmup_steps, total) if critic_opt else None,
-        lanes_for(cfg.model.cpu_lanes, device, dist.is_initialized(), policy, critic, hidden=hidden_size(policy.lm)),
+        lanes_for(cfg.model.cpu_lanes, device, dist.is_initialized(), policy, critic, hidden=hidden_size(policy.lm),
+                  checkpointed=is_checkpointed(policy, critic)),
     )

@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .. import distributed as dist
 from ..algorithms import (
     AdaptiveKLController,
     AdvantageInputs,
@@ -27,18 +26,20 @@ from ..algorithms import (
     shape_rewards,
     whiten,
 )
-from ..errors import UserError
-from ..evaluate import evaluate
+from ..data import prompts
 from ..models import kernels, sharding
 from ..models.actor_critic import RewardScorer
 from ..models.hf_compat import enable_checkpointing
 from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
+from ..rollout.evaluate import evaluate
 from ..rollout.reward import combine_terms, score_with_verifier
 from ..rollout.sampling import SamplingParams
+from ..runtime import distributed as dist
+from ..runtime.errors import ConfigError, UserError
 from . import adapters, builders, console, credit
 from .config import TrainConfig
-from .config_io import ConfigError, dump_yaml
+from .config_io import dump_yaml
 from .diagnostics import rollout_metrics
 from .learner import build_learner
 from .metrics_log import MetricsLogger, truncate_jsonl
@@ -115,20 +116,22 @@ class PPOTrainer:
         # Prompts, chat messages rendered with the chat template; each rank takes its own shard of every
         # iteration's global batch.
         if prompt_rows is not None:
-            builders.check_prompt_rows(list(prompt_rows), cfg.data.prompt_column, source="`prompt_rows`")
-        self.prompt_rows, self.chat_prompts = builders.render_prompts(
-            list(prompt_rows) if prompt_rows is not None else pre.prompt_rows, cfg.data, self.tokenizer)
+            prompts.check_prompt_rows(list(prompt_rows), cfg.data.prompt_column, source="`prompt_rows`")
+        self.prompt_rows, self.chat_prompts = prompts.render_prompts(
+            list(prompt_rows) if prompt_rows is not None else pre.prompt_rows, cfg.data.prompt_column,
+            cfg.data.chat_template, self.tokenizer)
         max_pos = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
-        builders.check_prompt_lengths(self.prompt_rows, cfg.data.prompt_column, self.tokenizer,
+        prompts.check_prompt_lengths(self.prompt_rows, cfg.data.prompt_column, self.tokenizer,
                                       max_prompt_tokens=max_pos - cfg.rollout.max_new_tokens,
                                       add_special_tokens=not self.chat_prompts)
         self.eval_rows = None
         if pre.eval_rows is not None:
-            self.eval_rows, chat = builders.render_prompts(pre.eval_rows, cfg.data, self.tokenizer)
+            self.eval_rows, chat = prompts.render_prompts(pre.eval_rows, cfg.data.prompt_column, cfg.data.chat_template,
+                                                         self.tokenizer)
             if chat != self.chat_prompts:
                 raise ConfigError("`data.eval_prompts` and `data.prompts` hold different kinds of prompts (plain text "
                                   "and chat messages); use one kind")
-            builders.check_prompt_lengths(self.eval_rows, cfg.data.prompt_column, self.tokenizer,
+            prompts.check_prompt_lengths(self.eval_rows, cfg.data.prompt_column, self.tokenizer,
                                           max_prompt_tokens=max_pos - cfg.rollout.max_new_tokens,
                                           add_special_tokens=not self.chat_prompts)
         self.sampling = SamplingParams(

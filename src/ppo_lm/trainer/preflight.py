@@ -13,12 +13,13 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import distributed as dist
 from ..models.loading import check_model_dir, check_tokenizer_dir
+from ..runtime import distributed as dist
+from ..runtime.errors import ConfigError
 from . import builders
 from .checkpoint import MANIFEST, list_checkpoints, verify
 from .config import AlgoConfig, TrainConfig
-from .config_io import ConfigError, from_dict, load_saved_config, resume_differences, to_dict
+from .config_io import from_dict, load_saved_config, resume_differences, to_dict
 from .files import prepare_output_dir
 from .state import DamagedCheckpointError
 from .trackers import check_trackers

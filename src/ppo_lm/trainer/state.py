@@ -16,13 +16,12 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .. import distributed as dist
 from ..algorithms import AdaptiveKLController, FixedKLController
-from ..errors import UserError
 from ..models import lora, sharding
 from ..models.hf_compat import scalar_head
+from ..runtime import distributed as dist
+from ..runtime.errors import ConfigError, UserError
 from . import checkpoint as ckpt
-from .config_io import ConfigError
 from .learner import Learner
 
 

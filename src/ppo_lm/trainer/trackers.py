@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from .config_io import ConfigError
+from ..runtime.errors import ConfigError
 from .files import atomic_write_text
 
 STATE_FILE = "trackers.json"

@@ -3,7 +3,7 @@ rollout, read top to bottom in :func:`ppo_update`.
 
 Per micro-batch: forward, objective (:func:`~ppo_lm.algorithms.ppo_objective`), backward; per
 minibatch: clip the gradients and step. How a forward/backward over rows is executed (CPU lanes,
-:mod:`ppo_lm.lanes`) and how gradients meet across ranks (DDP/FSDP, :mod:`ppo_lm.models.sharding`)
+:mod:`ppo_lm.runtime.lanes`) and how gradients meet across ranks (DDP/FSDP, :mod:`ppo_lm.models.sharding`)
 sit behind the calls the loop makes, as one forward/backward would.
 """
 
@@ -17,13 +17,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .. import distributed as dist
 from ..algorithms import ObjectiveSettings, StatsAggregator, UpdateStats, loss_units, ppo_objective
-from ..lanes import Backward, release_free_memory
 from ..models import sharding
 from ..models.actor_critic import packs_sequences
 from ..models.hf_compat import checkpointing_on
 from ..rollout.batch import UpdateBatch, agreed_length_groups
+from ..runtime import distributed as dist
+from ..runtime.lanes import Backward
+from ..runtime.memory import release_free_memory
 from .config import TrainConfig
 from .learner import Learner
 

@@ -7,8 +7,9 @@ import math
 from functools import partial
 
 from ..algorithms import check_positive, check_unit_interval, get_advantage_estimator
+from ..runtime.errors import ConfigError
 from .config import AlgoConfig, TrainConfig
-from .config_io import ConfigError, check_types
+from .config_io import check_types
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 

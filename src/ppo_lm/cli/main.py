@@ -25,7 +25,8 @@ def _parse(cls: type, argv: list[str], prog: str, description: str, *, resumable
     --iterations N`` continues the same experiment without repeating its flags."""
     import tyro
 
-    from .trainer.config_io import ConfigError, load_yaml
+    from ..runtime.errors import ConfigError
+    from ..trainer.config_io import load_yaml
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
@@ -49,9 +50,9 @@ def _parse(cls: type, argv: list[str], prog: str, description: str, *, resumable
 
 
 def _run(fn: Callable[[], object]) -> int:
-    """Run a command's body: a :class:`~ppo_lm.errors.UserError` (or a non-finite float the user's
+    """Run a command's body: a :class:`~ppo_lm.runtime.errors.UserError` (or a non-finite float the user's
     settings caused) is one line on stderr and status 2; Ctrl-C is status 130."""
-    from .errors import UserError
+    from ..runtime.errors import UserError
 
     try:
         fn()
@@ -65,42 +66,23 @@ def _run(fn: Callable[[], object]) -> int:
     return 0
 
 
-def cmd_train(argv: list[str]) -> int:
-    from .trainer.config import TrainConfig
-
-    cfg = _parse(TrainConfig, argv, "ppo-lm train", "Train a policy with PPO (or GRPO/RLOO/REINFORCE++).",
-                 resumable=True)
-
-    def go():
-        from .trainer.ppo import PPOTrainer
-
-        PPOTrainer(cfg).train()
-        from . import distributed as dist
-
-        if dist.is_main():
-            print(f"done: {cfg.output_dir}")
-        dist.destroy()
-
-    return _run(go)
-
-
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("ppo_lm.cli:cmd_train", "PPO / critic-free RL training"),
-    "sft": ("ppo_lm.commands:cmd_sft", "supervised fine-tuning (prompt, response)"),
-    "rm": ("ppo_lm.commands:cmd_rm", "Bradley–Terry reward model (prompt, chosen, rejected)"),
-    "demo": ("ppo_lm.demo:cmd_demo", "SFT → PPO (or → RM → PPO with --rlhf) on the built-in task"),
-    "compare": ("ppo_lm.compare:cmd_compare", "advantage estimators side by side: same start, budget, seeds"),
-    "plot": ("ppo_lm.commands:cmd_plot", "PNG of a run's diagnostics"),
-    "report": ("ppo_lm.report:cmd_report", "HTML page of a run's per-token credit (Â, δ, V, KL, ratio)"),
-    "export": ("ppo_lm.export:cmd_export", "a run's policy as a standalone model directory"),
-    "bench": ("ppo_lm.bench:cmd_bench", "throughput and memory on the benchmark workloads (docs/benchmarks.md)"),
+    "train": ("ppo_lm.cli.train:cmd_train", "PPO / critic-free RL training"),
+    "sft": ("ppo_lm.cli.stages:cmd_sft", "supervised fine-tuning (prompt, response)"),
+    "rm": ("ppo_lm.cli.stages:cmd_rm", "Bradley–Terry reward model (prompt, chosen, rejected)"),
+    "demo": ("ppo_lm.cli.demo:cmd_demo", "SFT → PPO (or → RM → PPO with --rlhf) on the built-in task"),
+    "compare": ("ppo_lm.cli.compare:cmd_compare", "advantage estimators side by side: same start, budget, seeds"),
+    "plot": ("ppo_lm.cli.plot:cmd_plot", "PNG of a run's diagnostics"),
+    "report": ("ppo_lm.cli.report:cmd_report", "HTML page of a run's per-token credit (Â, δ, V, KL, ratio)"),
+    "export": ("ppo_lm.cli.export:cmd_export", "a run's policy as a standalone model directory"),
+    "bench": ("ppo_lm.cli.bench:cmd_bench", "throughput and memory on the benchmark workloads (docs/benchmarks.md)"),
 }
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:
     """ppo-lm's own warnings as one line a user reads (``ppo-lm: warning: …``); others as Python
     prints them, with their file and line."""
-    if Path(filename).resolve().is_relative_to(Path(__file__).resolve().parent):
+    if Path(filename).resolve().is_relative_to(Path(__file__).resolve().parents[1]):  # the package
         return f"ppo-lm: warning: {message}\n"
     return _python_format_warning(message, category, filename, lineno, line)
 

@@ -8,9 +8,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .rollout.reward import Verifier, score_with_verifier
-from .rollout.sampling import SamplingParams, generate
-from .rollout.text import encode_prompts, response_texts
+from ..data.prompts import encode_prompts
+from .reward import Verifier, score_with_verifier
+from .sampling import SamplingParams, generate
+from .text import response_texts
 
 Scorer = Callable[[list[str], list[str], dict[str, list]], torch.Tensor]
 """``f(prompts, responses, columns) -> (B,) scores``."""

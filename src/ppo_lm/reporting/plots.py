@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from .errors import UserError
+from ..runtime.errors import UserError
 
 PANELS: list[tuple[str, list[str]]] = [
     ("score", ["score", "gold_score", "heldout_accuracy", "eval_score", "eval_pass_at_k"]),

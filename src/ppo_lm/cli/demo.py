@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .trainer.config import TrainConfig
+from ..trainer.config import TrainConfig
 
 
 def _demo_ppo() -> TrainConfig:
@@ -97,10 +97,10 @@ def _out_dir(cfg: DemoConfig) -> Path:
 def check_demo(cfg: DemoConfig, out: Path) -> None:
     """Every setting of the demo, its output directory and its PPO stage's settings, before anything is
     built: a bad value is a :class:`ConfigError` naming the flag, not a failure minutes in."""
-    from .tasks.equations import make_prompts
-    from .trainer.config_io import ConfigError
-    from .trainer.files import prepare_output_dir
-    from .trainer.validate import validate_config
+    from ..runtime.errors import ConfigError
+    from ..tasks.equations import make_prompts
+    from ..trainer.files import prepare_output_dir
+    from ..trainer.validate import validate_config
 
     def need(ok: bool, name: str, want: str) -> None:
         if not ok:
@@ -143,9 +143,10 @@ def check_demo(cfg: DemoConfig, out: Path) -> None:
 
 def _preference_pairs_from_policy(lm, tok, rows, samples: int, seed: int, max_new_tokens: int) -> list[dict]:
     """Pairs (correct over incorrect) from the policy's own samples, labelled by the verifier."""
-    from .rollout.sampling import SamplingParams, generate
-    from .rollout.text import encode_prompts, response_texts
-    from .tasks.equations import verify
+    from ..data.prompts import encode_prompts
+    from ..rollout.sampling import SamplingParams, generate
+    from ..rollout.text import response_texts
+    from ..tasks.equations import verify
 
     prompts = [r["prompt"] for r in rows for _ in range(samples)]
     answers = [r["answer"] for r in rows for _ in range(samples)]
@@ -168,12 +169,12 @@ def run_demo(cfg: DemoConfig) -> dict:
     from rich.console import Console
     from rich.table import Table
 
-    from .evaluate import greedy_eval
-    from .plots import plot_proxy_vs_gold, plot_run
-    from .stages.sft import SFTConfig, train_sft
-    from .tasks.equations import build_tiny_policy, build_tokenizer, make_prompts, sft_demonstrations, verify
-    from .trainer.config_io import to_dict
-    from .trainer.ppo import PPOTrainer
+    from ..reporting.plots import plot_proxy_vs_gold, plot_run
+    from ..rollout.evaluate import greedy_eval
+    from ..stages.sft import SFTConfig, train_sft
+    from ..tasks.equations import build_tiny_policy, build_tokenizer, make_prompts, sft_demonstrations, verify
+    from ..trainer.config_io import to_dict
+    from ..trainer.ppo import PPOTrainer
 
     console = Console()
     if cfg.smoke:
@@ -215,7 +216,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     # 2. (RLHF) reward model on pairs from the SFT policy's own samples, labelled by the verifier.
     rm_metrics = None
     if cfg.rlhf:
-        from .stages.rm import RMConfig, build_reward_model_from_policy_config, train_reward_model
+        from ..stages.rm import RMConfig, build_reward_model_from_policy_config, train_reward_model
 
         rows = make_prompts(cfg.rm_prompts, seed=cfg.seed + 20_000, split="train")
         pairs = _preference_pairs_from_policy(lm, tok, rows, cfg.rm_samples_per_prompt, cfg.seed, max_new)
@@ -223,7 +224,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         if n_policy < cfg.rm_min_pairs:
             # A policy that is almost never (or always) right yields few mixed groups: top up with
             # synthetic pairs (correct answer over a plausible mistake) so the RM has data.
-            from .tasks.equations import preference_pairs
+            from ..tasks.equations import preference_pairs
 
             pairs += preference_pairs(cfg.rm_min_pairs - n_policy, seed=cfg.seed)
         console.print(f"[bold]2. Reward model[/] on {len(pairs)} preference pairs "
@@ -266,7 +267,7 @@ def run_demo(cfg: DemoConfig) -> dict:
 
 
 def cmd_demo(argv: list[str]) -> int:
-    from .cli import _parse, _run
+    from .main import _parse, _run
 
     cfg = _parse(DemoConfig, argv, "ppo-lm demo", "SFT → PPO (or SFT → RM → PPO with --rlhf) on the built-in task.")
     return _run(lambda: run_demo(cfg))

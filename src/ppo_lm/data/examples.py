@@ -2,7 +2,7 @@
 
 Chat data (TRL's conversational formats) is turned into prompt/response text rows by
 :func:`load_sft_rows` and :func:`load_preference_rows`, which read their input with
-:mod:`ppo_lm.stages.rows` (files, directories, in-memory rows); :func:`encode_prompt_response`
+:mod:`ppo_lm.data.rows` (files, directories, in-memory rows); :func:`encode_prompt_response`
 renders a prompt of messages with the tokenizer's chat template.
 """
 
@@ -13,7 +13,6 @@ import json
 import random
 from collections.abc import Iterator, Mapping, Sequence
 
-from ..models.logprobs import position_ids_from_mask  # noqa: F401 (re-exported)
 from .rows import InputError, RowsLike, check_rows, read_source
 
 
@@ -48,7 +47,7 @@ def assistant_text(value: object, what: str = "the response") -> str:
 def split_conversation(messages: object, what: str = "the conversation") -> tuple[list[dict], str]:
     """``(prompt messages, response text)`` of a conversation that ends with an assistant turn: the
     prompt is every message before that turn, the response its content."""
-    from ..rollout.text import is_conversation
+    from .prompts import is_conversation
 
     if not is_conversation(messages):
         raise InputError(f"{what} holds {_describe(messages)}, not {_MESSAGES}")
@@ -62,7 +61,7 @@ def split_conversation(messages: object, what: str = "the conversation") -> tupl
 
 def load_sft_rows(path_or_rows: RowsLike, name: str = "sft data", split: str = "train") -> list[dict]:
     """Rows with a ``prompt`` (text or chat messages) and a ``response`` (text), as
-    :func:`~ppo_lm.stages.rows.load_rows` reads them. Also accepted, as in TRL: a ``response`` that is
+    :func:`~ppo_lm.data.rows.load_rows` reads them. Also accepted, as in TRL: a ``response`` that is
     a list of one assistant message, and a ``messages`` column (a conversation ending with an
     assistant turn) in place of ``prompt`` and ``response``, split into the messages before that turn
     (the prompt) and its content (the response). Rows keep their other columns."""
@@ -84,11 +83,11 @@ def load_sft_rows(path_or_rows: RowsLike, name: str = "sft data", split: str = "
 
 def load_preference_rows(path_or_rows: RowsLike, name: str = "preference data", split: str = "train") -> list[dict]:
     """Rows with a ``prompt`` (text or chat messages) and ``chosen``/``rejected`` (text), as
-    :func:`~ppo_lm.stages.rows.load_rows` reads them. Also accepted, as in TRL: ``chosen``/``rejected``
+    :func:`~ppo_lm.data.rows.load_rows` reads them. Also accepted, as in TRL: ``chosen``/``rejected``
     that are lists of one assistant message, and, without a ``prompt`` column, ``chosen``/``rejected``
     conversations that share every message before their last (assistant) turn: that shared part is
     the prompt."""
-    from ..rollout.text import is_conversation
+    from .prompts import is_conversation
 
     rows, source = read_source(path_or_rows, name, split)
     out = []
@@ -112,7 +111,7 @@ def load_preference_rows(path_or_rows: RowsLike, name: str = "preference data", 
 
 def check_chat_template(tokenizer, rows: Sequence[Mapping], name: str, column: str = "prompt") -> None:
     """Refuse rows whose ``column`` holds chat messages when ``tokenizer`` has no chat template."""
-    from ..rollout.text import is_conversation
+    from .prompts import is_conversation
 
     if not getattr(tokenizer, "chat_template", None) and any(is_conversation(r.get(column)) for r in rows):
         raise ChatTemplateError(
@@ -177,7 +176,7 @@ def prompt_ids(tokenizer, prompt: str | list[dict], add_special_tokens: bool = T
     without adding special tokens, since the template writes its own (a second BOS would be
     off-distribution). Raises :class:`ChatTemplateError` when the tokenizer has no chat template or
     the template fails on the messages."""
-    from ..rollout.text import is_conversation, render_conversation
+    from .prompts import is_conversation, render_conversation
 
     if not is_conversation(prompt):
         return list(tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])

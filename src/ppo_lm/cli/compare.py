@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ArgumentParser, UserError
-from .trainer.config import TrainConfig
+from ..runtime.errors import ArgumentParser, UserError
+from ..trainer.config import TrainConfig
 
 
 def _compare_ppo() -> TrainConfig:
@@ -117,9 +117,10 @@ def parse_args(argv: list[str]) -> CompareConfig:
 
 def check_compare(cfg: CompareConfig) -> None:
     """Everything that needs no model, before the first run: a mistake costs a second, not a run."""
-    from .algorithms.registry import ADVANTAGE_ESTIMATORS
-    from .trainer.config_io import ConfigError, from_dict, load_saved_config, load_yaml
-    from .trainer.files import prepare_output_dir
+    from ..algorithms.registry import ADVANTAGE_ESTIMATORS
+    from ..runtime.errors import ConfigError
+    from ..trainer.config_io import from_dict, load_saved_config, load_yaml
+    from ..trainer.files import prepare_output_dir
 
     unknown = [e for e in cfg.estimators if e not in ADVANTAGE_ESTIMATORS]
     if unknown:
@@ -152,7 +153,7 @@ def check_compare(cfg: CompareConfig) -> None:
 
 
 def _validate(run: TrainConfig) -> None:
-    from .trainer.validate import validate_config
+    from ..trainer.validate import validate_config
 
     validate_config(run, 1)
 
@@ -177,8 +178,8 @@ def models_held(run: TrainConfig) -> list[str]:
     """The models a run holds in memory: the policy, its frozen reference (not a second copy with LoRA:
     the policy with its adapters off), a critic for estimators that need one (a separate model, or a
     value head on the policy), and each reward model of `model.reward`."""
-    from .algorithms.registry import get_advantage_estimator
-    from .trainer.builders import is_model_path, reward_specs
+    from ..algorithms.registry import get_advantage_estimator
+    from ..trainer.builders import is_model_path, reward_specs
 
     held = ["policy"] if getattr(run.model, "lora_r", 0) else ["policy", "reference"]
     if get_advantage_estimator(run.algo.estimator).needs_critic:
@@ -192,9 +193,9 @@ def build_start(cfg: CompareConfig, out: Path) -> None:
     (seed 0) in OUT/heldout.jsonl: one start and one evaluation set for every run."""
     import torch
 
+    from ..stages.sft import SFTConfig, train_sft
+    from ..tasks.equations import build_tiny_policy, build_tokenizer, make_prompts, sft_demonstrations
     from .demo import DemoConfig
-    from .stages.sft import SFTConfig, train_sft
-    from .tasks.equations import build_tiny_policy, build_tokenizer, make_prompts, sft_demonstrations
 
     d = DemoConfig()
     if cfg.smoke:
@@ -216,7 +217,7 @@ def build_start(cfg: CompareConfig, out: Path) -> None:
 def run_one(run: TrainConfig, config_path: Path, log_path: Path) -> tuple[float, float]:
     """`ppo-lm train --config CONFIG` in a fresh process; returns its wall time (s, start-up included) and
     peak RSS (MB, from wait4: that process alone, not the ones before it)."""
-    from .trainer.config_io import dump_yaml
+    from ..trainer.config_io import dump_yaml
 
     dump_yaml(run, config_path)
     cmd = [sys.executable, "-m", "ppo_lm", "train", "--config", str(config_path)]
@@ -246,8 +247,8 @@ def _eval_source(cfg: CompareConfig) -> str:
 
 
 def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:
-    from .compare_report import plot_curves, run_record, summarize, summary_markdown
-    from .trainer.config_io import to_dict
+    from ..reporting.compare_report import plot_curves, run_record, summarize, summary_markdown
+    from ..trainer.config_io import to_dict
 
     check_compare(cfg)
     out = Path(cfg.output_dir)
@@ -303,6 +304,6 @@ def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:
 
 
 def cmd_compare(argv: list[str]) -> int:
-    from .cli import _run
+    from .main import _run
 
     return _run(lambda: run_compare(parse_args(argv), argv))

@@ -1,4 +1,4 @@
-"""`ppo-lm sft`, `ppo-lm rm` and `ppo-lm plot`: the stages around PPO, as commands.
+"""`ppo-lm sft` and `ppo-lm rm`: the stages before PPO, as commands.
 
 The stage commands work as `ppo-lm train` does: every check that needs no model runs first — the
 settings, the output directory (creatable, writable, no finished stage there unless --overwrite), the
@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .stages.rm import RMConfig
-from .stages.rows import InputError
-from .stages.sft import SFTConfig
+from ..data.rows import InputError
+from ..stages.rm import RMConfig
+from ..stages.sft import SFTConfig
 
 BUILTIN_HEADS = 4  # the built-in model's attention heads (tasks.equations.tiny_model_config)
 
@@ -111,7 +110,7 @@ class RMCommand:
 
 def _check_command(c: SFTCommand | RMCommand, section: str) -> None:
     """Every setting of a stage command, before anything is read or built."""
-    from .stages._common import check_stage_config
+    from ..stages._common import check_stage_config
 
     check_stage_config(getattr(c, section), section)
     if c.threads < 0:
@@ -135,8 +134,8 @@ def _check_command(c: SFTCommand | RMCommand, section: str) -> None:
 
 def prepare_stage_output(path: str, overwrite: bool) -> Path:
     """Create ``path`` and check that it is writable and holds no finished stage (unless ``overwrite``)."""
-    from .stages._common import STAGE_OUTPUTS
-    from .trainer.files import prepare_output_dir
+    from ..stages._common import STAGE_OUTPUTS
+    from ..trainer.files import prepare_output_dir
 
     try:
         out = prepare_output_dir(path, "output_dir")
@@ -151,7 +150,7 @@ def prepare_stage_output(path: str, overwrite: bool) -> Path:
 
 def _check_model_dirs(c: SFTCommand | RMCommand, stage: str) -> None:
     """The model and tokenizer directories, by their config.json and file names."""
-    from .models.loading import ModelLoadError, check_model_dir, check_tokenizer_dir
+    from ..models.loading import ModelLoadError, check_model_dir, check_tokenizer_dir
 
     if c.model != "builtin":
         try:
@@ -174,7 +173,7 @@ def _check_model_dirs(c: SFTCommand | RMCommand, stage: str) -> None:
 
 def _rows(spec: str | None, stage: str, field_name: str, split: str):
     """The rows of ``spec`` (None: None) as the stage reads them: SFT rows or preference pairs."""
-    from .stages.data import load_preference_rows, load_sft_rows
+    from ..data.examples import load_preference_rows, load_sft_rows
 
     if spec is None:
         return None
@@ -184,7 +183,7 @@ def _rows(spec: str | None, stage: str, field_name: str, split: str):
 
 def _check_chat_template(tok, data: dict) -> None:
     """Rows of chat messages need a tokenizer with a chat template (checked before the model loads)."""
-    from .stages.data import check_chat_template
+    from ..data.examples import check_chat_template
 
     for field_name, rows in data.items():
         if rows is not None:
@@ -201,9 +200,9 @@ def _say(stage: str, text: str) -> None:
 
 
 def _load_tokenizer(c: SFTCommand | RMCommand):
-    from .models.hf_compat import load_tokenizer
-    from .models.loading import ModelLoadError
-    from .tasks.equations import build_tokenizer
+    from ..models.hf_compat import load_tokenizer
+    from ..models.loading import ModelLoadError
+    from ..tasks.equations import build_tokenizer
 
     if c.model == "builtin":
         return build_tokenizer()
@@ -224,8 +223,8 @@ def _load_causal_lm(c: SFTCommand | RMCommand, tok, stage: str):
     """The causal LM of ``c.model`` (built-in: built from ``c.seed``); rm needs only its body."""
     from transformers import AutoModelForCausalLM
 
-    from .models.loading import load_model
-    from .tasks.equations import build_tiny_policy
+    from ..models.loading import load_model
+    from ..tasks.equations import build_tiny_policy
 
     if c.model == "builtin":
         return build_tiny_policy(tok, seed=c.seed, hidden_size=c.builtin_hidden_size)
@@ -246,7 +245,7 @@ class _StageLog:
         self.file = path.open("w", encoding="utf-8")
 
     def __call__(self, entry: dict) -> None:
-        from .stages._common import format_log_entry
+        from ..stages._common import format_log_entry
 
         print(format_log_entry(entry), flush=True)
         self.file.write(json.dumps(entry) + "\n")
@@ -271,8 +270,8 @@ def _fmt(x) -> str:
 
 
 def run_sft(c: SFTCommand) -> dict:
-    from .stages.sft import train_sft
-    from .tasks.equations import sft_demonstrations
+    from ..stages.sft import train_sft
+    from ..tasks.equations import sft_demonstrations
 
     _check_command(c, "sft")
     out = prepare_stage_output(c.output_dir, c.overwrite)
@@ -303,8 +302,8 @@ def run_sft(c: SFTCommand) -> dict:
 
 
 def run_rm(c: RMCommand) -> dict:
-    from .stages.rm import build_reward_model_from_policy_config, train_reward_model
-    from .tasks.equations import preference_pairs
+    from ..stages.rm import build_reward_model_from_policy_config, train_reward_model
+    from ..tasks.equations import preference_pairs
 
     _check_command(c, "rm")
     out = prepare_stage_output(c.output_dir, c.overwrite)
@@ -336,63 +335,14 @@ def run_rm(c: RMCommand) -> dict:
 
 
 def cmd_sft(argv: list[str]) -> int:
-    from .cli import _parse, _run
+    from .main import _parse, _run
 
     c = _parse(SFTCommand, argv, "ppo-lm sft", "Supervised fine-tuning on (prompt, response) pairs.")
     return _run(lambda: run_sft(c))
 
 
 def cmd_rm(argv: list[str]) -> int:
-    from .cli import _parse, _run
+    from .main import _parse, _run
 
     c = _parse(RMCommand, argv, "ppo-lm rm", "Bradley–Terry reward model on (prompt, chosen, rejected) pairs.")
     return _run(lambda: run_rm(c))
-
-
-# ----------------------------------------------------------------------------------------------
-# ppo-lm plot
-# ----------------------------------------------------------------------------------------------
-
-
-def check_png_path(out: Path) -> None:
-    """``--out`` can be written: its directory exists and is writable, and it is not a directory."""
-    from .plots import PlotError
-
-    if out.is_dir():
-        raise PlotError(f"--out {str(out)!r} is a directory; give a file name such as {str(out / 'diagnostics.png')!r}")
-    parent = out.parent
-    if not parent.is_dir():
-        what = "is a file, not a directory;" if parent.exists() else "does not exist; create it or"
-        raise PlotError(f"--out {str(out)!r}: {str(parent)!r} {what} choose another --out")
-    if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise PlotError(f"--out {str(out)!r} is not writable (permission denied); choose another --out")
-
-
-def plot_command(argv: list[str]) -> Path:
-    from .errors import ArgumentParser
-    from .plots import PlotError, plot_run, png_path
-
-    p = ArgumentParser(prog="ppo-lm plot", description="PNG of a run's diagnostics over iterations.")
-    p.add_argument("run_dir", help="an OUTPUT_DIR holding metrics.jsonl")
-    p.add_argument("--out", default=None, help="PNG path (default RUN_DIR/diagnostics.png)")
-    a = p.parse_args(argv)
-    run_dir = Path(a.run_dir)
-    metrics = run_dir / "metrics.jsonl"
-    if not run_dir.is_dir():
-        what = "is a file" if run_dir.exists() else "does not exist"
-        raise PlotError(f"run directory {str(run_dir)!r} {what}; give a train run's --output-dir")
-    if not metrics.is_file():
-        raise PlotError(f"{metrics} not found; give a train run's --output-dir (the directory holding metrics.jsonl)")
-    out = Path(a.out) if a.out else run_dir / "diagnostics.png"
-    check_png_path(out)
-    check_png_path(png_path(out))  # what is written when out has no suffix
-    path = plot_run(metrics, out)
-    print(path, flush=True)
-    return path
-
-
-def cmd_plot(argv: list[str]) -> int:
-    from .cli import _run
-
-    return _run(lambda: plot_command(argv))
-

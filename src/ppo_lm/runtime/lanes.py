@@ -23,9 +23,6 @@ under torch.distributed each thread would issue collectives in its own order (th
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -33,8 +30,6 @@ from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
-
-from .models.hf_compat import is_checkpointed
 
 T = TypeVar("T")
 
@@ -168,28 +163,6 @@ def accumulate(params: Sequence[nn.Parameter], per_lane: list[tuple | None]) -> 
         p.grad = total if p.grad is None else p.grad.add_(total)
 
 
-def _malloc_trim():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return None  # not glibc (macOS, musl): nothing to trim
-
-
-_TRIM = _malloc_trim() if sys.platform.startswith("linux") else None
-
-
-def release_free_memory() -> bool:
-    """Give the free memory glibc's arenas hold back to the OS (``malloc_trim(0)``: every arena, the
-    CPU lanes' own included; tensors below its mmap threshold, up to 32 MiB, live in the arenas).
-    Freed tensors otherwise stay resident as holes the next phase's tensors of other sizes do not fit
-    (the W3 breakdown in docs/benchmarks.md), and a lane's arena is reused by its thread only.
-    Called between phases, so the next one starts from what is in use. False where unavailable."""
-    if _TRIM is None:
-        return False
-    _TRIM(0)
-    return True
-
-
 def resolve_lanes(requested: int, device: torch.device, distributed: bool) -> int:
     """How many lanes to use: ``requested`` on CPU in a single process, else 1 (see module doc)."""
     if device.type != "cpu" or distributed:
@@ -218,14 +191,14 @@ AUTO_LANES = 2
 
 
 def lanes_for(requested: int, device: torch.device, distributed: bool, *models: nn.Module | None,
-              hidden: int = 0) -> Lanes:
+              hidden: int = 0, checkpointed: bool = False) -> Lanes:
     """The lanes of a run: :func:`resolve_lanes` of ``requested`` (``model.cpu_lanes``), and one lane
-    when a trained model uses gradient checkpointing (reentrant checkpointing does not support the
-    ``autograd.grad`` lanes use). ``requested`` 0 = auto: :data:`AUTO_LANES`, or one lane when the
+    when a trained model uses gradient checkpointing (``checkpointed``: reentrant checkpointing does
+    not support the ``autograd.grad`` lanes use). ``requested`` 0 = auto: :data:`AUTO_LANES`, or one lane when the
     trained models' gradients exceed :data:`MAX_LANE_GRADIENT_BYTES` (an extra lane's gradient copy
     and arena then cost more than its gain)."""
     if requested == 0:
         requested = 1 if gradient_bytes(*models) > MAX_LANE_GRADIENT_BYTES else AUTO_LANES
-    if is_checkpointed(*models):
+    if checkpointed:
         return Lanes(1, hidden=hidden)
     return Lanes(resolve_lanes(requested, device, distributed), hidden=hidden)

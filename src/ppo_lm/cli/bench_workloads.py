@@ -132,9 +132,9 @@ def save_w3_reward(policy: str, root: Path, seed: int = 0):
 
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from .models.hf_compat import load_tokenizer
-    from .models.loading import load_model
-    from .trainer.builders import ensure_pad_token, generation_stop_ids
+    from ..models.hf_compat import load_tokenizer
+    from ..models.loading import load_model
+    from ..trainer.builders import ensure_pad_token, generation_stop_ids
 
     lm = load_model(AutoModelForCausalLM, policy, "--policy", "causal-lm", dtype=torch.float32)
     tok = load_tokenizer(policy)
@@ -162,7 +162,7 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None],
     """The workload as a TrainConfig (``paths`` = policy, reward model, tokenizer directories; W3's
     tokenizer is None: the policy's own; ``micro_batch_size``: ``optim.micro_batch_size``, None: the
     workload's 0, the whole minibatch)."""
-    from .trainer.config import TrainConfig
+    from ..trainer.config import TrainConfig
 
     cfg = TrainConfig(output_dir=output_dir, iterations=iterations, seed=0, threads=threads)
     m, r, a, o, log = cfg.model, cfg.rollout, cfg.algo, cfg.optim, cfg.log

@@ -9,9 +9,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import ArgumentParser, UserError
-from .trainer.checkpoint import list_checkpoints, verify
-from .trainer.files import prepare_output_dir
+from ..runtime.errors import ArgumentParser, UserError
+from ..trainer.checkpoint import list_checkpoints, verify
+from ..trainer.files import prepare_output_dir
 
 
 class ExportError(UserError):
@@ -79,12 +79,13 @@ def merge_adapters(run_dir: Path, source: Path, out: Path) -> None:
     fingerprint the checkpoint recorded, then peft loads the adapters and merges them."""
     from peft import PeftModel
 
-    from .models import lora
-    from .models.hf_compat import load_tokenizer
-    from .trainer import builders
-    from .trainer.config import TrainConfig
-    from .trainer.config_io import ConfigError, load_yaml
-    from .trainer.state import read_trainer_state
+    from ..models import lora
+    from ..models.hf_compat import load_tokenizer
+    from ..runtime.errors import ConfigError
+    from ..trainer import builders
+    from ..trainer.config import TrainConfig
+    from ..trainer.config_io import load_yaml
+    from ..trainer.state import read_trainer_state
 
     try:
         cfg = load_yaml(run_dir / "config.yaml", TrainConfig)
@@ -119,6 +120,6 @@ def export_command(argv: list[str]) -> Path:
 
 
 def cmd_export(argv: list[str]) -> int:
-    from .cli import _run
+    from .main import _run
 
     return _run(lambda: export_command(argv))

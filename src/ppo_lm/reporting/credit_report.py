@@ -1,8 +1,9 @@
-"""``ppo-lm report RUN_DIR [--iteration N]``: a run's token-level credit as one HTML page (docs/report.md).
+"""The per-token credit report of a run (docs/report.md), drawn from its files.
 
 Reads RUN_DIR/credit.jsonl (written by the trainer every `log.sample_every` iterations, trainer/credit.py)
-and RUN_DIR/metrics.jsonl; writes RUN_DIR/report/: index.html (self-contained), credit.png (a heatmap of
-Â over the tokens of one iteration's episodes) and the diagnostics plots of :mod:`ppo_lm.plots`.
+and RUN_DIR/metrics.jsonl; writes RUN_DIR/report/: index.html (self-contained, :mod:`.report_page`),
+credit.png (a heatmap of Â over the tokens of one iteration's episodes) and the diagnostics plots of
+:mod:`.plots`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import json
 import math
 from pathlib import Path
 
-from .errors import ArgumentParser, UserError
+from ..runtime.errors import UserError
+from ..trainer.credit import CREDIT_FILE, PER_TOKEN_KEYS
 from .plots import PlotError, plot_proxy_vs_gold, plot_run, read_metrics
-from .report_html import render_page
-from .trainer.credit import CREDIT_FILE, PER_TOKEN_KEYS
+from .report_page import render_page
 
 
 class ReportError(UserError):
@@ -127,22 +128,3 @@ def build_report(run_dir: str | Path, iteration: int | None = None) -> Path:
     except OSError as e:
         raise ReportError(f"cannot write {page}: {e.strerror or e}") from None
     return page
-
-
-def report_command(argv: list[str]) -> Path:
-    p = ArgumentParser(prog="ppo-lm report", description="A run's token-level credit (advantages, TD residuals, "
-                       "values, KL, ratios of sampled episodes) as RUN_DIR/report/index.html, with credit.png "
-                       "and the diagnostics plots.")
-    p.add_argument("run_dir", help="a train run's OUTPUT_DIR (with credit.jsonl)")
-    p.add_argument("--iteration", type=int, default=None,
-                   help="the iteration whose sampled episodes to show (default: the last one)")
-    a = p.parse_args(argv)
-    page = build_report(a.run_dir, a.iteration)
-    print(page, flush=True)
-    return page
-
-
-def cmd_report(argv: list[str]) -> int:
-    from .cli import _run
-
-    return _run(lambda: report_command(argv))

@@ -1,7 +1,7 @@
 """``ppo-lm bench``: throughput of the real trainer on the benchmark workloads (docs/benchmarks.md).
 
 The workloads W1, W2 and W3 (models, prompts, settings, FLOP count) are defined in
-:mod:`ppo_lm.bench_workloads`; this module times them and accounts for the machine's other load.
+:mod:`ppo_lm.cli.bench_workloads`; this module times them and accounts for the machine's other load.
 
 Everything runs through :class:`ppo_lm.trainer.ppo.PPOTrainer` and its ``train_iteration`` — the
 benchmark has no code path of its own. The models are saved to a temporary directory and loaded
@@ -87,7 +87,7 @@ def host_load(before: HostCPU | None, after: HostCPU | None, own_s: float) -> di
 def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float]:
     """Tokens/s of ``transformers`` ``model.generate`` vs ppo-lm's ``rollout.sampling.generate`` on the
     workload's policy and prompt batch (B × P prompts, exactly R sampled tokens, temperature 1)."""
-    from .rollout.sampling import SamplingParams, generate
+    from ..rollout.sampling import SamplingParams, generate
 
     tok, lm = trainer.tokenizer, trainer.policy.lm
     R = shape.response_len  # W1's sampling on either workload: exactly R tokens, EOS masked
@@ -135,8 +135,8 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
     Per-phase seconds are medians over the timed iterations (the ``warmup`` first ones are dropped);
     ``episodes_per_s`` = batch / median ``iteration_s``. Prints a table, or one JSON line if ``json_out``.
     """
-    from .models import kernels
-    from .trainer.ppo import PPOTrainer
+    from ..models import kernels
+    from ..trainer.ppo import PPOTrainer
 
     if workload not in ("w1", "w2", "w3"):
         raise ValueError(f"unknown workload {workload!r}; choose w1, w2 or w3")
@@ -219,7 +219,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
 
 def bench_command(argv: list[str]) -> dict:
     """Parse ``ppo-lm bench`` flags, check them before anything is built, and run."""
-    from .errors import ArgumentParser, UsageError
+    from ..runtime.errors import ArgumentParser, UsageError
 
     ap = ArgumentParser(prog="ppo-lm bench", description="Throughput of the PPO trainer on the "
                         "benchmark workloads W1 (fixed 64-token responses), W2 (early stops) and W3 (a real "
@@ -265,11 +265,11 @@ def bench_command(argv: list[str]) -> dict:
     if args.workload != "w3" and args.policy is not None:
         raise UsageError(f"--policy is for --workload w3; {args.workload} builds its own models")
     if args.policy is not None:
-        from .models.loading import check_model_dir
+        from ..models.loading import check_model_dir
 
         check_model_dir(args.policy, "--policy", "causal-lm")  # a bad path fails before anything loads
-    from .trainer.builders import resolve_device
-    from .trainer.config_io import ConfigError
+    from ..runtime.errors import ConfigError
+    from ..trainer.builders import resolve_device
 
     try:
         resolve_device(args.device)  # before building anything
@@ -287,6 +287,6 @@ def cmd_bench(argv: list[str]) -> int:
     """``ppo-lm bench --workload w1|w2|w3 [--policy PATH] --iterations N [--threads 2] [--json]
     [--compare-hf-generate]``: a bad
     flag or value is one line and status 2, before anything is built."""
-    from .cli import _run
+    from .main import _run
 
     return _run(lambda: bench_command(argv))

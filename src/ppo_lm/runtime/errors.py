@@ -11,6 +11,10 @@ class UserError(Exception):
     """A condition the user caused or can fix; its message names what is wrong and the fix."""
 
 
+class ConfigError(UserError, ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
 class UsageError(UserError):
     """A bad command-line flag or value of a command parsed with :class:`ArgumentParser`."""
 

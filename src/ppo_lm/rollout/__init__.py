@@ -1,0 +1,2 @@
+"""Step 1–3 of the loop: sampling responses, scoring them, and the rollout batch the update trains on;
+plus greedy evaluation on held-out prompts."""
