@@ -73,7 +73,7 @@ def main() -> None:
     B = batch.size
     r, w = dist.rank(), dist.world_size()
     share = batch.select(torch.arange(r * B // w, (r + 1) * B // w), trim=False)
-    metrics = tr.learn(share, 1)
+    metrics = tr.learn(share, 1).metrics
     final = weights(tr)
     if dist.is_main():
         os.makedirs(out_dir, exist_ok=True)

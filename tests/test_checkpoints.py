@@ -136,7 +136,7 @@ def test_small_cli_mistakes_are_one_line_errors(tmp_path, capsys):
     assert exit_.value.code == 2
     assert "is a directory; pass the YAML file itself" in capsys.readouterr().err
     assert main(["train", "--output-dir", str(tmp_path / "r"), "--rollout.temperature", "inf", *TINY]) == 2
-    assert "`rollout.temperature` must be finite" in capsys.readouterr().err
+    assert "`rollout.temperature` must be a finite number > 0, got inf" in capsys.readouterr().err
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("ppo-lm ")
 

@@ -83,7 +83,7 @@ def test_score_spread_and_equal_groups_are_logged(tmp_path, samples):
     tr = PPOTrainer(cfg, verifier=lambda p, r, **c: [float(len(x) % 3) for x in r])
     torch.manual_seed(0)
     batch = tr.rollout(1)
-    m = tr.learn(batch, 1)
+    m = tr.learn(batch, 1).metrics
     s = batch.scores.double()
     assert m["score_min"] == pytest.approx(float(s.min())) and m["score_max"] == pytest.approx(float(s.max()))
     assert m["score_std"] == pytest.approx(float(s.std(unbiased=False)), abs=1e-9)

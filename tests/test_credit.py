@@ -57,12 +57,15 @@ def gae_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("credit") / "run"
     cfg = tiny_config(run, log__sample_every=1, log__num_samples=8, log__save_every=1, rollout__max_new_tokens=6)
     trainer = PPOTrainer(cfg, verifier=length_reward)
+    done = []
+    iterate = trainer.train_iteration
+    trainer.train_iteration = lambda it: done.append(iterate(it)) or done[-1]
     trainer.train()
-    return run, trainer
+    return run, trainer, done[-1].batch
 
 
 def test_the_stored_deltas_reproduce_the_stored_advantages(gae_run):
-    run, trainer = gae_run
+    run, trainer, _ = gae_run
     records = _records(run)
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert [(r["iteration"], r["episode"]) for r in records] == [(it, i) for it in (1, 2) for i in range(8)]
@@ -96,9 +99,8 @@ def test_the_stored_deltas_reproduce_the_stored_advantages(gae_run):
 
 
 def test_the_ratio_is_the_updated_policy_over_logp_old(gae_run):
-    run, trainer = gae_run
+    run, trainer, b = gae_run
     last = [r for r in _records(run) if r["iteration"] == 2]
-    b = trainer._last_batch
     with torch.no_grad():
         logp = trainer.policy(b.input_ids, b.attention_mask, b.prompt_width)["logp"]
     ratio = torch.exp(logp - b.logp_old)
@@ -110,7 +112,7 @@ def test_a_resumed_run_rewrites_the_credit_file_bit_exactly(gae_run, tmp_path):
     """A crash after iteration 2 wrote its lines but before its checkpoint: the resumed run from
     iteration 1's checkpoint drops those lines and writes the same ones again, ratios included (the
     extra forward draws no random numbers)."""
-    full, _ = gae_run
+    full, _, _ = gae_run
     part = tmp_path / "part"
     shutil.copytree(full, part)
     shutil.rmtree(part / "checkpoints" / "iter_000002")

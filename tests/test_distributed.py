@@ -48,7 +48,7 @@ def test_two_ranks_match_one_process(tmp_path, critic, mode):
     batch = fixed_rollout(tr)
     lengths = batch.response_mask.sum(1)
     assert lengths[:4].sum() != lengths[4:].sum(), "ranks must hold different token counts"
-    single_metrics = tr.learn(batch, 1)
+    single_metrics = tr.learn(batch, 1).metrics
     single = weights(tr)
 
     init = weights(build(str(tmp_path / "init"), critic, reward=reward))

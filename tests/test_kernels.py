@@ -79,7 +79,7 @@ def test_trainer_option_turns_compiled_kernels_on_and_off(tmp_path):
     try:
         tr = PPOTrainer(tiny_config(tmp_path / "on", model__compile_kernels=True), verifier=length_reward)
         assert kernels.compiled()
-        metrics = tr.train_iteration(1)
+        metrics = tr.train_iteration(1).metrics
         assert all(v == v for v in metrics.values())  # finite-or-inf, never NaN
         PPOTrainer(tiny_config(tmp_path / "off"), verifier=length_reward)
         assert not kernels.compiled()

@@ -167,7 +167,7 @@ def test_update_with_two_lanes_equals_one_lane(tmp_path, overrides):
     assert (one.learner.lanes.lanes, two.learner.lanes.lanes) == (1, 2)
     batch = one.rollout(1)
     assert batch.lengths.min() < batch.lengths.max()
-    m1, m2 = one.learn(batch, 1), two.learn(batch, 1)
+    m1, m2 = one.learn(batch, 1).metrics, two.learn(batch, 1).metrics
     w1, w2 = _weights(one), _weights(two)
     assert not all(torch.equal(w1[k], w) for k, w in _weights(_trainer(tmp_path / "init", 1, **overrides)).items())
     for k in w1:
@@ -235,7 +235,7 @@ def test_checkpointed_update_computes_what_the_rollout_did(tmp_path, arch, rates
     torch.manual_seed(0)
     lm = transformers.AutoModelForCausalLM.from_config(config)
     lm.gradient_checkpointing_enable()
-    metrics = PPOTrainer(cfg, policy=lm, tokenizer=tok, verifier=length_reward).train_iteration(1)
+    metrics = PPOTrainer(cfg, policy=lm, tokenizer=tok, verifier=length_reward).train_iteration(1).metrics
     assert metrics["approx_kl"] == 0.0 and metrics["ratio_max"] == 1.0
     assert all(getattr(lm.config, k) == v for k, v in rates.items())  # the config is given back as it was
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "ppo_lm"
 
 LAYERS: list[set[str]] = [
-    {"ppo_lm", "runtime", "algorithms", "tasks"},  # the root's face holds only the version
+    {"ppo_lm", "runtime", "algorithms", "tasks", "presets"},  # the root's face holds only the version
     {"models", "data"},
     {"rollout"},
     {"stages", "trainer"},
@@ -163,13 +163,17 @@ def test_every_package_has_an_init():
 
 
 def test_the_trainer_core_does_not_know_lanes_exist():
-    """CPU lanes sit behind Lanes.map_rows/backward_rows; only the code that builds them names them."""
-    allowed = {"ppo_lm.runtime", "ppo_lm.runtime.lanes", "ppo_lm.trainer.learner", "ppo_lm.trainer.update",
-               "ppo_lm.rollout.collect"}
+    """CPU lanes and DDP's no_sync sit behind Learner.accumulate/backward (and Lanes.map_rows for scoring);
+    only the code that builds them names them. The update calls learner.backward(loss, ...), whose
+    single-lane path is loss.backward()."""
+    allowed = {"ppo_lm.runtime", "ppo_lm.runtime.lanes", "ppo_lm.trainer.learner", "ppo_lm.rollout.collect"}
     users = {m for m, t in _graph().items() if "ppo_lm.runtime.lanes" in t}
     assert users <= allowed, users - allowed
     update = (PKG / "trainer" / "update.py").read_text()
-    assert "autograd.grad" not in update and "no_sync()" not in update and "DistributedDataParallel" not in update
+    for word in ("autograd.grad", "no_sync", "DistributedDataParallel", "lanes", "partial("):
+        assert word not in update, word
+    assert update.count("learner.backward(") == 2  # the policy's loss, a separate critic's
+    assert "loss.backward()" in (PKG / "runtime" / "lanes.py").read_text()
 
 
 def test_the_repository_cites_only_its_own_documents():

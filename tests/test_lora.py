@@ -145,7 +145,7 @@ def test_first_minibatch_ratio_is_one_with_adapters(tmp_path, head):
                        rollout__max_new_tokens=8, model__lora_head=head)
     tr = PPOTrainer(cfg, verifier=count_sevens)
     _randomise_adapters(tr.policy.lm)  # a policy away from its reference: the ratio is still π_θ/π_old
-    m = tr.train_iteration(1)
+    m = tr.train_iteration(1).metrics
     assert abs(m["ratio_max"] - 1) < 1e-5 and m["approx_kl"] < 1e-10 and m["ref_kl"] > 1e-4
 
 
@@ -247,7 +247,7 @@ def test_gradient_checkpointing_with_adapters_trains_the_same(tmp_path):
         cfg = _lora_config(tmp_path / str(ckpt), iterations=1, model__gradient_checkpointing=ckpt,
                            optim__actor_lr=1e-2, model__cpu_lanes=1)
         tr = PPOTrainer(cfg, verifier=length_reward)
-        runs.append(tr.train_iteration(1))
+        runs.append(tr.train_iteration(1).metrics)
     a, b = runs
     for k in ("policy_loss", "value_loss", "approx_kl", "grad_norm_actor", "grad_norm_critic"):
         assert abs(a[k] - b[k]) < 1e-5 * max(1.0, abs(a[k])), k

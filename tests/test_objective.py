@@ -15,6 +15,7 @@ from ppo_lm.algorithms import (
     assume_valid_masks,
     check_response_mask,
     kl_loss_per_token,
+    loss_units,
     ppo_objective,
 )
 
@@ -60,7 +61,8 @@ def test_objective_equals_the_sum_of_its_terms_by_hand():
     loss, stats = ppo_objective(mask, s, logp=logp, logp_old=logp_old, advantages=adv, logp_ref=logp_ref,
                                 entropy=entropy, values=values, values_old=values_old, returns=returns)
     pol, kl, ent, val = _hand_objective(s)
-    assert float(loss) == pytest.approx(pol + 0.3 * kl - 0.01 * ent + 0.5 * val, abs=1e-12)
+    n = float(mask.sum())  # the objective is a sum over loss units (tokens): ÷ n is the mean
+    assert float(loss) / n == pytest.approx(pol + 0.3 * kl - 0.01 * ent + 0.5 * val, abs=1e-12)
     assert float(stats.policy_loss) == pytest.approx(pol, abs=1e-12)
     assert float(stats.kl_loss) == pytest.approx(kl, abs=1e-12)
     assert float(stats.value_loss) == pytest.approx(val, abs=1e-12)
@@ -69,31 +71,34 @@ def test_objective_equals_the_sum_of_its_terms_by_hand():
     assert stats.grad_norm_actor is None  # not the objective's
 
 
-def test_objective_with_a_minibatch_denominator_reports_local_means():
-    """Divided by the whole minibatch's count (here 20 tokens), the loss is a share of the minibatch's;
-    the statistics stay this call's own means."""
-    s = ObjectiveSettings(vf_coef=1.0, value_clip_eps=None, kl_coef=0.0)
-    mask, logp, logp_old, _, adv, _, values, values_old, returns = _batch()
-    local, st_local = ppo_objective(mask, s, logp=logp, logp_old=logp_old, advantages=adv, values=values,
-                                    values_old=values_old, returns=returns)
-    shared, st_shared = ppo_objective(mask, s, denominator=torch.tensor(20.0, dtype=F64), logp=logp,
-                                      logp_old=logp_old, advantages=adv, values=values, values_old=values_old,
-                                      returns=returns)
-    assert float(shared) == pytest.approx(float(local) * 5 / 20, abs=1e-12)
-    assert float(st_shared.policy_loss) == pytest.approx(float(st_local.policy_loss), abs=1e-12)
-    assert float(st_shared.value_loss) == pytest.approx(float(st_local.value_loss), abs=1e-12)
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_objective_sums_over_loss_units_so_shares_add_up_to_the_minibatch(agg):
+    """The loss is a sum over loss units: the rows' sums, divided by the whole minibatch's count, add up
+    to the minibatch's mean loss (what the update's micro-batches and lanes rely on); the statistics
+    are each call's own means."""
+    s = ObjectiveSettings(vf_coef=1.0, value_clip_eps=None, kl_coef=0.2, loss_agg=agg, horizon=3.0)
+    mask, logp, logp_old, logp_ref, adv, _, values, values_old, returns = _batch()
+    kw = dict(logp=logp, logp_old=logp_old, advantages=adv, logp_ref=logp_ref, values=values,
+              values_old=values_old, returns=returns)
+    whole, st_whole = ppo_objective(mask, s, **kw)
+    count = loss_units(mask, agg)
+    parts = [ppo_objective(mask[i : i + 1], s, **{k: v[i : i + 1] for k, v in kw.items()}) for i in range(2)]
+    assert float(sum(p[0] for p in parts)) == pytest.approx(float(whole), abs=1e-12)
+    units0 = loss_units(mask[:1], agg)
+    assert float(parts[0][1].value_loss) * units0 + float(parts[1][1].value_loss) * loss_units(mask[1:], agg) == \
+        pytest.approx(float(st_whole.value_loss) * count, abs=1e-12)
 
 
 def test_objective_terms_follow_their_inputs():
     s = ObjectiveSettings(vf_coef=0.25, value_clip_eps=0.2)
     mask, logp, logp_old, _, adv, entropy, values, values_old, returns = _batch()
     critic_only, st = ppo_objective(mask, s, values=values, values_old=values_old, returns=returns)
-    assert float(critic_only) == pytest.approx(0.25 * _hand_objective(ObjectiveSettings(kl_clamp=1.0, value_clip_eps=0.2))[3], abs=1e-12)
+    assert float(critic_only) / float(mask.sum()) == pytest.approx(0.25 * _hand_objective(ObjectiveSettings(kl_clamp=1.0, value_clip_eps=0.2))[3], abs=1e-12)
     assert st.policy_loss is None and st.ratio_max is None and st.value_loss is not None
     policy_only, st = ppo_objective(mask, s, logp=logp, logp_old=logp_old, advantages=adv, entropy=entropy)
     assert st.value_loss is None and st.kl_loss is None and st.entropy is not None
     # entropy_coef 0: the entropy is a statistic, not a term
-    assert float(policy_only) == pytest.approx(float(st.policy_loss), abs=1e-12)
+    assert float(policy_only) / float(mask.sum()) == pytest.approx(float(st.policy_loss), abs=1e-12)
 
 
 def test_kl_loss_masks_pads_before_the_estimator():

@@ -37,7 +37,7 @@ def test_weighted_sum_of_verifiers_from_a_spec(tmp_path, reward_file):
     length = torch.tensor([float(len(r)) for r in batch.responses])
     assert torch.equal(batch.score_terms["sevens"], sevens) and torch.equal(batch.score_terms["length"], length)
     assert torch.allclose(batch.scores, sevens - 0.25 * length)
-    m = tr.learn(batch, 1)
+    m = tr.learn(batch, 1).metrics
     assert m["score/sevens"] == pytest.approx(float(sevens.mean()))
     assert m["score/length"] == pytest.approx(float(length.mean()))
     assert m["score"] == pytest.approx(float((sevens - 0.25 * length).mean()), abs=1e-6)
@@ -55,7 +55,7 @@ def test_verifiers_from_python_and_their_names(tmp_path):
 def test_one_reward_logs_no_terms(tmp_path):
     tr = PPOTrainer(tiny_config(tmp_path / "run"), verifier=count_sevens)
     b = tr.rollout(1)
-    assert b.score_terms is None and not any(k.startswith("score/") for k in tr.learn(b, 1))
+    assert b.score_terms is None and not any(k.startswith("score/") for k in tr.learn(b, 1).metrics)
 
 
 def test_a_reward_model_and_a_verifier(tmp_path):

@@ -68,8 +68,8 @@ def _copy(src: Path, dst: Path) -> Path:
     (["sft", "--sft.batch-size", "0"], "`sft.batch_size` must be >= 1, got 0"),
     (["sft", "--sft.eval-batch-size", "0"], "`sft.eval_batch_size` must be >= 1, got 0"),
     (["sft", "--sft.max-length", "1"], "`sft.max_length` must be >= 2"),
-    (["sft", "--sft.heldout-fraction", "1"], "`sft.heldout_fraction` must be in [0, 1), got 1.0"),
-    (["sft", "--sft.heldout-fraction", "-0.1"], "`sft.heldout_fraction` must be in [0, 1), got -0.1"),
+    (["sft", "--sft.heldout-fraction", "1"], "`sft.heldout_fraction` must lie in [0, 1), got 1.0"),
+    (["sft", "--sft.heldout-fraction", "-0.1"], "`sft.heldout_fraction` must lie in [0, 1), got -0.1"),
     (["sft", "--sft.weight-decay", "-1"], "`sft.weight_decay` must be a finite number >= 0"),
     (["sft", "--sft.warmup-steps", "-1"], "`sft.warmup_steps` must be >= 0, got -1"),
     (["sft", "--sft.max-grad-norm", "-1"], "`sft.max_grad_norm` must be a finite number >= 0"),
@@ -81,7 +81,7 @@ def _copy(src: Path, dst: Path) -> Path:
     (["sft", "--tokenizer", "some/dir"], "`tokenizer` cannot be set with `model` 'builtin'"),
     (["rm", "--rm.lr", "0"], "`rm.lr` must be a finite number > 0, got 0.0"),
     (["rm", "--rm.epochs", "0"], "`rm.epochs` must be >= 1, got 0"),
-    (["rm", "--rm.heldout-fraction", "1.5"], "`rm.heldout_fraction` must be in [0, 1), got 1.5"),
+    (["rm", "--rm.heldout-fraction", "1.5"], "`rm.heldout_fraction` must lie in [0, 1), got 1.5"),
     (["rm", "--builtin-pairs", "0"], "`builtin_pairs` must be >= 1, got 0"),
 ])
 def test_stage_settings_out_of_range_are_one_line_before_any_model(tmp_path, capsys, no_model_loads, argv, message):
@@ -324,7 +324,7 @@ def test_plot_errors(tmp_path, capsys):
     (["--rlhf", "--rm-steps", "0"], "`rm_steps` must be >= 1"),
     (["--rlhf", "--rm-lr", "0"], "`rm_lr` must be a finite number > 0"),
     (["--ppo.iterations", "0"], "`ppo.iterations` must be >= 1, got 0"),
-    (["--ppo.rollout.temperature", "inf"], "`ppo.rollout.temperature` must be finite"),
+    (["--ppo.rollout.temperature", "inf"], "`ppo.rollout.temperature` must be a finite number > 0, got inf"),
     (["--ppo.rollout.max-new-tokens", "200"], "`ppo.rollout.max_new_tokens`=200 leaves no room for a prompt"),
 ])
 def test_demo_bad_settings_are_one_line_before_anything_is_built(tmp_path, capsys, no_model_loads, argv, message):

@@ -36,7 +36,7 @@ def test_first_minibatch_ratio_is_one(tmp_path):
     cfg = tiny_config(tmp_path, iterations=1, optim__epochs=1, optim__num_minibatches=1,
                       rollout__num_prompts=16, rollout__max_new_tokens=8)
     tr = PPOTrainer(cfg, verifier=count_sevens)
-    metrics = tr.train_iteration(1)
+    metrics = tr.train_iteration(1).metrics
     # one minibatch, one epoch: the only update step sees π_θ = π_old
     assert abs(metrics["ratio_max"] - 1) < 1e-5
     assert metrics["policy_clip_frac"] == 0
@@ -77,7 +77,7 @@ def test_critic_free_estimators_build_no_critic(tmp_path):
     cfg = tiny_config(tmp_path, algo__estimator="reinforce++")
     tr = PPOTrainer(cfg, verifier=count_sevens)
     assert tr.critic is None and tr.policy.value_head is None
-    m = tr.train_iteration(1)
+    m = tr.train_iteration(1).metrics
     assert "value_loss" not in m and m["policy_loss"] == m["policy_loss"]
 
 

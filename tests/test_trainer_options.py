@@ -112,7 +112,7 @@ def test_logp_from_sampler_skips_the_policy_scoring_forward(tmp_path, monkeypatc
     with torch.no_grad():
         ref = tr.policy(batch.input_ids, batch.attention_mask, batch.prompt_width)["logp"]
     assert float((batch.logp_old - ref).abs()[batch.response_mask].max()) < 1e-5
-    metrics = tr.learn(batch, 1)
+    metrics = tr.learn(batch, 1).metrics
     assert abs(metrics["ratio_max"] - 1) < 1e-4
 
 
@@ -130,7 +130,7 @@ def test_ratio_max_is_the_maximum_over_the_whole_update(tmp_path, monkeypatch):
         return real(logp, logp_old, advantages, mask, **kw)
 
     monkeypatch.setitem(POLICY_LOSSES, "ppo", recording)
-    metrics = tr.learn(tr.rollout(1), 1)
+    metrics = tr.learn(tr.rollout(1), 1).metrics
     assert len(seen) >= 6 and max(seen) - min(seen) > 1e-3, "the maxima must differ for the test to mean anything"
     assert metrics["ratio_max"] == pytest.approx(max(seen), abs=1e-6)
 
@@ -210,7 +210,7 @@ def test_token_statistics_do_not_depend_on_micro_batching(tmp_path, agg):
         batch = tr.rollout(1)
         lengths = batch.response_mask.sum(1)
         assert int(lengths.max()) > int(lengths.min()), "rows of different lengths, or the test means nothing"
-        return tr.learn(batch, 1)
+        return tr.learn(batch, 1).metrics
 
     whole, split = run(0), run(2)
     assert whole["policy_clip_frac"] > 0
@@ -224,7 +224,7 @@ def test_logged_learning_rate_is_the_one_the_steps_used(tmp_path):
     cfg = tiny_config(tmp_path, iterations=2, optim__epochs=1, optim__num_minibatches=2, optim__schedule="linear",
                       optim__actor_lr=3e-3)
     tr = PPOTrainer(cfg, verifier=length_reward)
-    lrs = [tr.train_iteration(i)["lr_actor"] for i in (1, 2)]
+    lrs = [tr.train_iteration(i).metrics["lr_actor"] for i in (1, 2)]
     assert lrs == pytest.approx([3e-3 * 3 / 4, 3e-3 / 4])
 
 
@@ -251,7 +251,7 @@ def test_kl_loss_with_a_very_unlikely_pad_token_keeps_gradients_finite(tmp_path,
     tr = PPOTrainer(cfg, verifier=length_reward)
     batch = tr.rollout(1)
     assert not batch.response_mask.all(), "the test needs padded rows"
-    metrics = tr.learn(batch, 1)
+    metrics = tr.learn(batch, 1).metrics
     assert metrics["nonfinite_skipped_total"] == 0
     assert math.isfinite(metrics["grad_norm_actor"]) and math.isfinite(metrics["kl_loss"])
     assert metrics["kl_clamp_frac"] == 0.0
@@ -268,7 +268,7 @@ def test_gradient_checkpointing_flag_trains_the_same(tmp_path):
         cfg = tiny_config(tmp_path / str(flag), model__cpu_lanes=1, model__gradient_checkpointing=flag)
         tr = PPOTrainer(cfg, verifier=length_reward)
         assert is_checkpointed(tr.policy.lm) is flag and is_checkpointed(tr.critic.model) is flag
-        runs[flag] = tr.train_iteration(1)
+        runs[flag] = tr.train_iteration(1).metrics
     for k, v in runs[False].items():
         if not k.endswith(("_s", "_per_s")):
             assert runs[True][k] == pytest.approx(v, rel=1e-4, abs=1e-5), k

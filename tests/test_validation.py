@@ -197,7 +197,7 @@ def test_nonfinite_gradient_of_a_finite_loss_is_skipped(tmp_path, monkeypatch):
 
     monkeypatch.setitem(POLICY_LOSSES, "ppo", nan_gradient)
     before = [p.detach().clone() for p in tr.policy.lm.parameters()]
-    metrics = tr.learn(tr.rollout(1), 1)
+    metrics = tr.learn(tr.rollout(1), 1).metrics
     assert metrics["nonfinite_skipped_total"] == 4  # 2 epochs × 2 minibatches
     after = list(tr.policy.lm.parameters())
     assert all(torch.equal(a, b) for a, b in zip(before, after))
@@ -221,7 +221,7 @@ def test_statistics_leave_out_a_skipped_minibatch(tmp_path, monkeypatch):
         return (loss * float("nan") if len(calls) == 2 else loss), stats
 
     monkeypatch.setitem(POLICY_LOSSES, "ppo", nan_on_second_call)
-    metrics = tr.learn(tr.rollout(1), 1)
+    metrics = tr.learn(tr.rollout(1), 1).metrics
     assert len(calls) == 4 and metrics["nonfinite_skipped_total"] == 1
 
     def mean(rows):
@@ -276,7 +276,7 @@ def test_only_consecutive_nonfinite_updates_stop_the_run(tmp_path, monkeypatch):
 
     monkeypatch.setitem(POLICY_LOSSES, "ppo", flaky)
     calls["bad"] = {1, 3}  # skip, ok, skip, ok: never two in a row
-    metrics = tr.train_iteration(1)
+    metrics = tr.train_iteration(1).metrics
     assert metrics["nonfinite_skipped_total"] == 2
     calls["bad"] = {8, 9}  # iteration 2 ends with a skip (call 8), iteration 3 starts with one (call 9)
     tr.train_iteration(2)

@@ -83,6 +83,23 @@ def write_splits(data_dir: Path, heldout: int, seed: int) -> tuple[Path, Path, i
     return paths[0], paths[1], len(train), len(test)
 
 
+RECIPE_FLAGS = [  # the script's shorthand flags: (flag, ppo-lm train setting, type, help)
+    ("--iterations", "iterations", int, "PPO iterations"),
+    ("--estimator", "algo.estimator", str, "grpo, dr_grpo, rloo, gae or reinforce++"),
+    ("--num-prompts", "rollout.num-prompts", int, "prompts per iteration"),
+    ("--samples-per-prompt", "rollout.samples-per-prompt", int, "the group size of grpo/rloo"),
+    ("--max-new-tokens", "rollout.max-new-tokens", int, "response limit, training and evaluation"),
+    ("--temperature", "rollout.temperature", float, "sampling temperature"),
+    ("--lr", "optim.actor-lr", float, "the policy's AdamW learning rate"),
+    ("--kl", "algo.kl-coef", float, "β of the reference KL (k3 as a loss term for grpo)"),
+    ("--epochs", "optim.epochs", int, "PPO epochs per rollout"),
+    ("--minibatches", "optim.num-minibatches", int, "minibatches per epoch"),
+    ("--eval-every", "log.eval-every", int, "held-out evaluation every this many iterations"),
+    ("--threads", "threads", int, "torch CPU threads"),
+    ("--seed", "seed", int, "seed of the held-out split and of training"),
+]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -91,20 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-dir", default="runs/real_model")
     ap.add_argument("--overwrite", action="store_true",
                     help="delete a previous run of this script in --output-dir first")
-    ap.add_argument("--iterations", type=int, default=40)
-    ap.add_argument("--estimator", default="grpo", choices=["grpo", "dr_grpo", "rloo", "gae", "reinforce++"])
-    ap.add_argument("--num-prompts", type=int, default=8, help="prompts per iteration")
-    ap.add_argument("--samples-per-prompt", type=int, default=8, help="the group size of grpo/rloo")
-    ap.add_argument("--max-new-tokens", type=int, default=32, help="response limit, training and evaluation")
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--lr", type=float, default=2e-6, help="the policy's AdamW learning rate")
-    ap.add_argument("--kl", type=float, default=0.0, help="β of the reference KL (k3 as a loss term for grpo)")
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--minibatches", type=int, default=2)
+    # The recipe's settings are grpo.yaml's; each flag below, when given, overrides its entry.
+    ap.add_argument("--config", default=str(HERE / "grpo.yaml"), help="the recipe's settings (ppo-lm train --config)")
+    for flag, key, kind, text in RECIPE_FLAGS:
+        ap.add_argument(flag, type=kind, default=None, help=f"{text}; overrides {key} of --config")
     ap.add_argument("--heldout", type=int, default=50, help="held-out problems (of 155)")
-    ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
     args, extra = ap.parse_known_args(argv)  # anything else goes to `ppo-lm train` as it is
 
     t0 = time.perf_counter()
@@ -116,27 +124,26 @@ def main(argv: list[str] | None = None) -> int:
         if not {p.name for p in out.iterdir()} <= {"data", "run", "summary.json"}:
             raise SystemExit(f"[recipe] {out} holds files this script did not write; not deleting it")
         shutil.rmtree(out)
-    train, heldout, n_train, n_test = write_splits(out / "data", args.heldout, args.seed)
+    from ppo_lm.trainer.config import TrainConfig
+    from ppo_lm.trainer.config_io import load_yaml
+
+    recipe = load_yaml(args.config, TrainConfig)
+    seed = recipe.seed if args.seed is None else args.seed
+    threads = recipe.threads if args.threads is None else args.threads
+    train, heldout, n_train, n_test = write_splits(out / "data", args.heldout, seed)
     print(f"[recipe] policy {policy}\n[recipe] {n_train} train / {n_test} held-out prompts in {out / 'data'}",
           flush=True)
 
-    cmd = [sys.executable, "-m", "ppo_lm", "train",
+    overrides = [x for flag, key, _, _ in RECIPE_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
+                 for x in (f"--{key}", str(getattr(args, flag[2:].replace("-", "_"))))]
+    cmd = [sys.executable, "-m", "ppo_lm", "train", "--config", args.config,
            "--model.policy", str(policy),
            "--data.prompts", str(train), "--data.eval-prompts", str(heldout),
            "--model.reward", f"{HERE / 'rewards.py'}:correct",
-           "--algo.estimator", args.estimator, "--algo.kl-coef", str(args.kl),
-           "--rollout.num-prompts", str(args.num_prompts),
-           "--rollout.samples-per-prompt", str(args.samples_per_prompt),
-           "--rollout.max-new-tokens", str(args.max_new_tokens),
-           "--rollout.temperature", str(args.temperature),
-           "--optim.actor-lr", str(args.lr), "--optim.epochs", str(args.epochs),
-           "--optim.num-minibatches", str(args.minibatches),
-           "--iterations", str(args.iterations), "--log.eval-every", str(args.eval_every),
-           "--log.save-every", "0", "--log.sample-every", "5", "--log.no-tensorboard",
-           "--threads", str(args.threads), "--seed", str(args.seed), "--output-dir", str(out / "run"), *extra]
+           *overrides, "--output-dir", str(out / "run"), *extra]
     print("[recipe] " + " ".join(cmd[1:]), flush=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS=str(args.threads))
+               OMP_NUM_THREADS=str(threads))
     t_train = time.perf_counter()
     rc = subprocess.run(cmd, env=env, check=False).returncode
     train_s = time.perf_counter() - t_train
@@ -155,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(wall_s, 1), "train_command_s": round(train_s, 1),
         "s_per_iteration_median": round(sorted(iter_s)[len(iter_s) // 2], 2) if iter_s else None,
         "train_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("overwrite", "no_install")} | {"extra": extra},
+        "settings": {"config": args.config, "overrides": overrides, "extra": extra, "heldout": args.heldout},
         "policy": str(policy), "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "command": " ".join(cmd[1:]),
     }

@@ -21,6 +21,9 @@ from .losses import aggregate, loss_units, value_loss
 from .registry import get_policy_loss
 from .stats import UpdateStats
 
+SUM = 1.0
+"""The ``denominator`` that leaves an aggregate as its sum over loss units."""
+
 
 @dataclass(frozen=True)
 class ObjectiveSettings:
@@ -52,54 +55,54 @@ def ppo_objective(
     values: Tensor | None = None,
     values_old: Tensor | None = None,
     returns: Tensor | None = None,
-    denominator: float | Tensor | None = None,
 ) -> tuple[Tensor, UpdateStats]:
-    """The loss of some rows of a minibatch and its statistics.
+    """The loss of some rows of a minibatch, summed over their loss units, and its statistics.
 
     Terms: the clipped surrogate (``logp``, ``logp_old``, ``advantages``); β·KL(π_θ ‖ π_ref) when
     ``settings.kl_coef`` > 0 (needs ``logp_ref``; per-token estimate clamped to ±``kl_clamp``); the
     entropy bonus −c₂·H when ``settings.entropy_coef`` > 0 (``entropy`` is only a statistic
     otherwise); c₁ times the (clipped) value loss when ``values`` is given (with ``values_old``,
-    ``returns``). Each term is aggregated by ``settings.loss_agg`` and divided by ``denominator``
-    — the whole minibatch's count over micro-batches and ranks, so that summed gradients of several
-    calls are the minibatch's — or by this call's own count when None.
+    ``returns``). Each term is aggregated by ``settings.loss_agg`` as a *sum* over its units (tokens
+    for ``token-mean``, responses for the seq-mean modes; :func:`~.losses.loss_units`): the caller
+    divides by the units of the batch the mean is over — these rows' own count for their mean, or
+    the whole minibatch's over micro-batches, CPU lanes and ranks, so that the summed gradients of
+    several calls are the minibatch's (trainer/update.py).
 
     Args:
         mask: (B, T) valid response tokens.
         logp, entropy, values: (B, T) differentiable outputs of π_θ / V_φ at the response tokens.
         logp_old, advantages, logp_ref, values_old, returns: (B, T) data (no gradient).
     Returns:
-        ``(loss, stats)``: a 0-dim loss, and :class:`~.stats.UpdateStats` whose values are this
-        call's means (losses per :func:`~.losses.loss_units` unit, diagnostics per token).
+        ``(loss, stats)``: a 0-dim loss summed over this call's loss units, and
+        :class:`~.stats.UpdateStats` whose values are this call's means (losses per unit,
+        diagnostics per token).
     """
     s = settings
-    agg = dict(agg=s.loss_agg, denominator=denominator, horizon=s.horizon)
-    # A loss divided by the minibatch's count, times this: the mean over this call's own units.
-    to_local = 1.0 if denominator is None else float(denominator) / max(loss_units(mask, s.loss_agg), 1.0)
+    total = dict(denominator=SUM, horizon=s.horizon)
+    units = max(loss_units(mask, s.loss_agg), 1.0)
     loss = mask.new_zeros((), dtype=(logp if logp is not None else values).dtype)
     stats = UpdateStats()
     if logp is not None:
         pl, ps = get_policy_loss(s.policy_loss)(
             logp, logp_old, advantages, mask, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
-            dual_clip=s.dual_clip, **agg)
+            dual_clip=s.dual_clip, agg=s.loss_agg, **total)
         loss = loss + pl
-        stats.policy_loss = pl.detach() * to_local
+        stats.policy_loss = pl.detach() / units
         stats.approx_kl, stats.approx_kl_k3 = ps["approx_kl"], ps["approx_kl_k3"]
         stats.policy_clip_frac, stats.dual_clip_frac = ps["clip_frac"], ps["dual_clip_frac"]
         stats.ratio_max = ps["ratio_max"]
         if s.kl_coef > 0:
             kl, clamped = kl_loss_per_token(logp, logp_ref, mask, s.kl_estimator, clamp=s.kl_clamp)
-            kl_loss = aggregate(kl, mask, s.loss_agg, denominator=denominator, horizon=s.horizon)
+            kl_loss = aggregate(kl, mask, s.loss_agg, **total)
             loss = loss + s.kl_coef * kl_loss
-            stats.kl_loss = kl_loss.detach() * to_local
+            stats.kl_loss = kl_loss.detach() / units
             stats.kl_clamp_frac = clamped.sum() / mask.sum().clamp_min(1)
         if s.entropy_coef > 0:
-            loss = loss - s.entropy_coef * aggregate(entropy, mask, s.loss_agg, denominator=denominator,
-                                                     horizon=s.horizon)
+            loss = loss - s.entropy_coef * aggregate(entropy, mask, s.loss_agg, **total)
     if entropy is not None:
         stats.entropy = entropy.detach().where(mask, 0).sum() / mask.sum().clamp_min(1)
     if values is not None:
-        vl, vs = value_loss(values, values_old, returns, mask, clip_eps=s.value_clip_eps, **agg)
+        vl, vs = value_loss(values, values_old, returns, mask, clip_eps=s.value_clip_eps, agg=s.loss_agg, **total)
         loss = loss + s.vf_coef * vl
-        stats.value_loss, stats.value_clip_frac = vl.detach() * to_local, vs["clip_frac"]
+        stats.value_loss, stats.value_clip_frac = vl.detach() / units, vs["clip_frac"]
     return loss, stats

@@ -14,11 +14,12 @@ the right count and the result does not depend on how the rows were split:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor
+
+from .advantages import AllReduce
 
 UNITS, TOKENS, STEPS, MAX = "units", "tokens", "steps", "max"
 
@@ -63,9 +64,6 @@ class UpdateStats:
 _FIELDS = [(f.name, f.metadata["reduce"]) for f in fields(UpdateStats)]
 _MEANS = [name for name, kind in _FIELDS if kind != MAX]
 _MAXIMA = [name for name, kind in _FIELDS if kind == MAX]
-
-AllReduce = Callable[[Tensor], Tensor]
-
 
 class StatsAggregator:
     """Weighted means and maxima of :class:`UpdateStats` over any number of calls.

@@ -166,8 +166,9 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         for it in range(1, warmup + iterations + 1):
             if it == warmup + 1:  # the machine's load over the timed iterations only
                 cpu0, own0 = host_cpu(), own_cpu_s()
-            history.append(trainer.train_iteration(it))
-            b = trainer._last_batch
+            done = trainer.train_iteration(it)
+            history.append(done.metrics)
+            b = done.batch
             lengths = b.response_mask.sum(1).tolist()
             prompt_lengths = b.attention_mask[:, :b.prompt_width].sum(1).tolist()
             flops.append(iteration_flops(shape, lengths, cfg.optim.epochs, prompt_lengths))

@@ -27,9 +27,9 @@ def _compare_ppo() -> TrainConfig:
     """The demo's PPO stage with a group of samples per prompt, so every estimator, the group-based
     ones included, gets the same 128 episodes per iteration (32 prompts × 4 samples; GAE samples 4 per
     prompt too, so the budget and the prompts seen are the same)."""
-    from .demo import _demo_ppo
+    from .demo import demo_ppo
 
-    cfg = _demo_ppo()
+    cfg = demo_ppo()
     cfg.rollout.num_prompts = 32
     cfg.rollout.samples_per_prompt = 4
     cfg.threads = 2

@@ -16,19 +16,16 @@ from pathlib import Path
 
 import torch
 
+from ..presets import preset
+from ..tasks.equations import BUILTIN_HEADS
 from ..trainer.config import TrainConfig
 
 
-def _demo_ppo() -> TrainConfig:
-    cfg = TrainConfig(iterations=400)
-    cfg.rollout.num_prompts = 128
-    cfg.rollout.max_new_tokens = 6
-    cfg.optim.actor_lr = 5e-4
-    cfg.optim.critic_lr = 1e-3
-    cfg.data.builtin_num_prompts = 4000
-    cfg.log.save_every = 50
-    cfg.log.sample_every = 10
-    return cfg
+def demo_ppo() -> TrainConfig:
+    """The demo's PPO stage: the shipped preset ``ppo_lm/presets/demo_ppo.yaml`` over the defaults."""
+    from ..trainer.config_io import load_yaml
+
+    return load_yaml(preset("demo_ppo"), TrainConfig)
 
 
 @dataclass
@@ -73,7 +70,7 @@ class DemoConfig:
     """--rlhf: reward-model learning rate."""
     rm_min_pairs: int = 200
     """Pairs from policy samples are topped up with synthetic ones to at least this many."""
-    ppo: TrainConfig = field(default_factory=_demo_ppo)
+    ppo: TrainConfig = field(default_factory=demo_ppo)
     """The PPO stage (as `ppo-lm train`); its output_dir, seed, threads and models are set by the demo."""
 
     def shrink(self) -> None:
@@ -107,8 +104,10 @@ def check_demo(cfg: DemoConfig, out: Path) -> None:
             raise ConfigError(f"`{name}` must be {want}, got {getattr(cfg, name)!r}")
 
     need(cfg.threads >= 0, "threads", ">= 0 (0: torch's default)")
-    need(cfg.hidden_size >= 8 and cfg.hidden_size % 8 == 0, "hidden_size",
-         "a positive multiple of 8 (2 × the built-in model's 4 heads: RoPE splits each head's width in halves)")
+    step = 2 * BUILTIN_HEADS
+    need(cfg.hidden_size >= step and cfg.hidden_size % step == 0, "hidden_size",
+         f"a positive multiple of {step} (2 × the built-in model's {BUILTIN_HEADS} heads: RoPE splits each head's "
+         "width in halves)")
     for name in ("num_layers", "sft_demos", "sft_steps", "sft_batch_size", "eval_prompts", "eval_every"):
         need(getattr(cfg, name) >= 1, name, ">= 1")
     need(math.isfinite(cfg.sft_error_rate) and 0 <= cfg.sft_error_rate <= 1, "sft_error_rate", "in [0, 1]")

@@ -18,8 +18,7 @@ from pathlib import Path
 from ..data.rows import InputError
 from ..stages.rm import RMConfig
 from ..stages.sft import SFTConfig
-
-BUILTIN_HEADS = 4  # the built-in model's attention heads (tasks.equations.tiny_model_config)
+from ..tasks.equations import BUILTIN_HEADS
 
 
 @dataclass

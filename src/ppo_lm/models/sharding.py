@@ -103,14 +103,13 @@ def prepare_for_training(policy: nn.Module, critic: nn.Module | None, *, fsdp: b
     return policy_fwd, (DDP(critic, device_ids=ids) if critic is not None else None)
 
 
-def no_sync(*modules: nn.Module | None, skip: bool):
-    """DDP's ``no_sync`` for every wrapped module when ``skip`` (gradient accumulation: gradients are
-    all-reduced once, on a minibatch's last micro-batch), else a no-op."""
+def no_sync(*modules: nn.Module | None):
+    """DDP's ``no_sync`` for every wrapped module (gradient accumulation: gradients are all-reduced
+    once, on a minibatch's last micro-batch); a no-op for modules DDP does not wrap."""
     stack = contextlib.ExitStack()
-    if skip:
-        for m in modules:
-            if m is not None and hasattr(m, "no_sync"):
-                stack.enter_context(m.no_sync())
+    for m in modules:
+        if m is not None and hasattr(m, "no_sync"):
+            stack.enter_context(m.no_sync())
     return stack
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -14,9 +13,10 @@ from ..models.actor_critic import CriticModel, PolicyModel
 from ..models.lora import adapters_off
 from ..models.sharding import frozen_mode, gathered
 from ..runtime.lanes import Lanes
+from ..runtime.timing import Timer
 from .batch import RolloutBatch, agreed_length_groups
 from .reward import RewardTerm, Verifier, combine_terms, score_with_model, score_with_verifier
-from .sampling import SamplingParams, generate
+from .sampling import Generation, SamplingParams, generate
 from .text import response_texts
 
 
@@ -42,7 +42,7 @@ def collect_rollout(
     forward_batch_size: int = 0,
     missing_eos_penalty: float = 0.0,
     device: torch.device | str = "cpu",
-    timings: dict[str, float] | None = None,
+    timer: Timer | None = None,
     logp_from_sampler: bool = False,
     lanes: Lanes | None = None,
     add_special_tokens: bool = True,
@@ -55,28 +55,37 @@ def collect_rollout(
 
     ``add_special_tokens``: False for prompts a chat template rendered (it writes its own BOS).
 
-    Episodes are laid out group-contiguous: [p0s0, p0s1, …, p1s0, …]. ``timings`` receives the
-    seconds spent in ``generate`` and ``score`` (all scoring forwards and the reward).
+    Episodes are laid out group-contiguous: [p0s0, p0s1, …, p1s0, …]. ``timer`` receives the
+    seconds spent in ``generate_s`` and ``score_s`` (all scoring forwards and the reward).
     """
-    timings = timings if timings is not None else {}
+    timer = timer if timer is not None else Timer()
     prompts = [row[prompt_column] for row in prompt_rows for _ in range(samples_per_prompt)]
     prompt_ids, prompt_mask = (t.to(device) for t in encode_prompts(tokenizer, prompts, add_special_tokens))
+
+    with timer("generate_s"):
+        models.policy.lm.eval()
+        with gathered(models.policy):  # FSDP: one all-gather for the whole decode
+            gen = generate(
+                models.policy.lm, prompt_ids, prompt_mask, sampling, pad_token_id=tokenizer.pad_token_id,
+                generator=generator, return_logprobs=logp_from_sampler,
+            )
+    with timer("score_s"):
+        return score_rollout(models, tokenizer, prompt_rows, prompts, prompt_ids, prompt_mask, gen,
+                             prompt_column=prompt_column, samples_per_prompt=samples_per_prompt,
+                             temperature=sampling.temperature or 1.0, forward_batch_size=forward_batch_size,
+                             missing_eos_penalty=missing_eos_penalty, device=device, lanes=lanes)
+
+
+def score_rollout(models: RolloutModels, tokenizer, prompt_rows: list[dict], prompts: list, prompt_ids: Tensor,
+                  prompt_mask: Tensor, gen: Generation, *, prompt_column: str, samples_per_prompt: int,
+                  temperature: float, forward_batch_size: int, missing_eos_penalty: float,
+                  device: torch.device | str, lanes: Lanes | None) -> RolloutBatch:
+    """The sampled responses ``gen`` of (B, P) prompts scored by every model — π_old (unless the sampler
+    gave logp_old), π_ref, V_old, reward models — in length groups of rows, then by the verifiers."""
     B, P = prompt_ids.shape
-
-    t0 = time.perf_counter()
-    models.policy.lm.eval()
-    with gathered(models.policy):  # FSDP: one all-gather for the whole decode
-        gen = generate(
-            models.policy.lm, prompt_ids, prompt_mask, sampling, pad_token_id=tokenizer.pad_token_id,
-            generator=generator, return_logprobs=logp_from_sampler,
-        )
-    t1 = time.perf_counter()
-    timings["generate_s"] = t1 - t0
-
     input_ids = torch.cat([prompt_ids, gen.responses], 1)
     attention_mask = torch.cat([prompt_mask, gen.mask.to(prompt_mask.dtype)], 1)
     T = gen.responses.shape[1]
-    temperature = sampling.temperature or 1.0
     logp_old = torch.zeros(B, T, device=device)
     logp_ref = torch.zeros(B, T, device=device)
     values_all = None
@@ -138,7 +147,6 @@ def collect_rollout(
         gold = score_with_verifier(models.gold_verifier, prompts, responses_text, columns).to(device)
     if missing_eos_penalty:
         scores = scores - missing_eos_penalty * (~gen.terminated).float()
-    timings["score_s"] = time.perf_counter() - t1
 
     values_old = bootstrap = None
     if values_all is not None:

@@ -7,9 +7,11 @@ gradients; the rows of a scoring forward) can instead run at the same time, each
 OS thread with its part of the intra-op threads, so that one fills the other's gaps (measured in
 docs/benchmarks.md).
 
-The rest of the package sees two calls, each made as it would make one forward (and backward) over
-the rows: :meth:`Lanes.map_rows` (scoring) and :meth:`Lanes.backward_rows` (the update); with one
-lane, or rows too few to pay, both run the work inline.
+The rest of the package sees three calls, each made as it would make one forward (and backward) over
+the rows: :meth:`Lanes.map_rows` (scoring), :meth:`Lanes.accumulate` (the update's forwards and
+backwards over the rows of a micro-batch) and :meth:`Lanes.backward` (the one backward call the
+update makes per loss: ``loss.backward()``, or on a share of several, into the share's own gradients);
+with one lane, or rows too few to pay, the work runs inline.
 
 Why it is safe: ops release the GIL; the autograd engine runs a CPU backward on the thread that calls
 ``backward``; grad mode and inference mode are thread-local (each task enters its own); the tasks
@@ -33,15 +35,12 @@ from torch import Tensor, nn
 
 T = TypeVar("T")
 
-Backward = Callable[[Tensor, Sequence[nn.Parameter]], None]
-"""``backward(loss, params)``: back-propagate ``loss`` into the ``.grad`` of ``params``."""
-
 # Below this many hidden-state elements (rows × tokens × hidden size) per share, handing work to
 # another thread costs more than it saves (the demo's tiny model ran slower on two lanes; the
 # benchmark workloads' minibatches, a few times bigger, faster: docs/benchmarks.md).
 MIN_SHARE_ELEMENTS = 1 << 17
 
-_inside = threading.local()  # .lane: this thread is running a lane's task
+_inside = threading.local()  # .lane: this thread runs a lane's task; .grads: where its backward writes
 
 
 class Lanes:
@@ -78,34 +77,48 @@ class Lanes:
         ``fn`` must write only its own rows of any shared output."""
         return self.run([lambda r=r: fn(r) for r in self.shares(rows, lengths, prompt_width)])
 
-    def backward_rows(self, fn: Callable[[Tensor, Backward], T], rows: Tensor, lengths: Tensor,
-                      prompt_width: int) -> list[T]:
-        """``fn(share, backward)`` for :meth:`shares` of ``rows``, side by side, where ``fn`` runs its
-        forwards and calls ``backward(loss, params)`` for each loss. Afterwards every parameter's
-        ``.grad`` has gained the gradient of all shares' losses, as if one ``fn`` had run on all the
-        rows: one share back-propagates straight into ``.grad``; several each take their gradients
-        with ``autograd.grad`` (no two threads write one ``.grad``), summed in share order. Returns
-        the shares' results in order."""
+    def accumulate(self, fn: Callable[[Tensor], T], rows: Tensor, lengths: Tensor, prompt_width: int) -> list[T]:
+        """``fn(share)`` for :meth:`shares` of ``rows``, side by side, where ``fn`` runs its forwards and
+        calls :meth:`backward` for each loss. Afterwards every parameter's ``.grad`` has gained the
+        gradient of all shares' losses, as if one ``fn`` had run on all the rows: one share
+        back-propagates straight into ``.grad``; several each take their gradients with
+        ``autograd.grad`` (no two threads write one ``.grad``), summed in share order. Returns the
+        shares' results in order."""
         shares = self.shares(rows, lengths, prompt_width)
         if len(shares) == 1:
-            return [fn(shares[0], _backward_into_grad)]
+            return [fn(shares[0])]
         # per share: the gradients of each parameter list it back-propagated into, in call order
         collected: list[dict[tuple[int, ...], tuple]] = [{} for _ in shares]
         param_lists: dict[tuple[int, ...], Sequence[nn.Parameter]] = {}
 
         def task(i: int, share: Tensor) -> T:
-            def backward(loss: Tensor, params: Sequence[nn.Parameter]) -> None:
-                if loss.requires_grad:
-                    key = tuple(map(id, params))
-                    param_lists.setdefault(key, params)
-                    collected[i][key] = torch.autograd.grad(loss, params, allow_unused=True)
-            return fn(share, backward)
+            _inside.grads = (collected[i], param_lists)
+            try:
+                return fn(share)
+            finally:
+                _inside.grads = None
 
         results = self.run([lambda i=i, r=r: task(i, r) for i, r in enumerate(shares)])
         keys = list(dict.fromkeys(k for c in collected for k in c))  # first share's order first
         for key in keys:
             accumulate(param_lists[key], [c.get(key) for c in collected])
         return results
+
+    @staticmethod
+    def backward(loss: Tensor, params: Sequence[nn.Parameter]) -> None:
+        """Back-propagate ``loss`` into the gradients of ``params``: ``loss.backward()``; inside a share
+        of :meth:`accumulate` that runs beside others, into that share's own gradients (summed into
+        ``.grad`` once every share has finished)."""
+        if not loss.requires_grad:
+            return
+        into = getattr(_inside, "grads", None)
+        if into is None:
+            loss.backward()
+            return
+        collected, param_lists = into
+        key = tuple(map(id, params))
+        param_lists.setdefault(key, params)
+        collected[key] = torch.autograd.grad(loss, params, allow_unused=True)
 
     def run(self, tasks: Sequence[Callable[[], T]]) -> list[T]:
         """Results of ``tasks`` (at most ``lanes``) in order. With several lanes they run concurrently
@@ -144,11 +157,6 @@ class Lanes:
             self._pool = None
 
 
-def _backward_into_grad(loss: Tensor, params: Sequence[nn.Parameter]) -> None:
-    if loss.requires_grad:
-        loss.backward()
-
-
 def accumulate(params: Sequence[nn.Parameter], per_lane: list[tuple | None]) -> None:
     """Add the lanes' gradients into ``.grad``, summed in lane order (deterministic). The sum is a
     new tensor (a lone share's gradient is copied): autograd may hand the same tensor, or a
@@ -173,10 +181,10 @@ def resolve_lanes(requested: int, device: torch.device, distributed: bool) -> in
 # Every lane but the first back-propagates into gradient tensors of its own — one more copy of all
 # trained parameters' gradients, allocated, written and summed into ``.grad`` per micro-batch — and
 # keeps its own malloc arena, whose free memory the other threads do not reuse. What a lane gains is
-# filling the gaps between ops, which does not grow with the model; what it costs does. The tiny W1
-# models gain from two lanes, a 135 M model (W3) ran slower with them and used ≈ 2 GB more
-# (docs/benchmarks.md, memory section). Above this many bytes of trained gradients a run keeps one
-# lane (LoRA trains only its adapters, so it keeps the lanes).
+# filling the gaps between ops, which does not grow with the model; what it costs does: the tiny W1
+# models gain from two lanes, the 135 M model of W3 loses time and memory with them (docs/benchmarks.md,
+# memory section). Above this many bytes of trained gradients a run keeps one lane (LoRA trains only
+# its adapters, so it keeps the lanes).
 MAX_LANE_GRADIENT_BYTES = 256 * 2**20
 
 

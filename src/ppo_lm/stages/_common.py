@@ -7,13 +7,15 @@ import json
 import math
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from ..data.rows import InputError
-
-LR_SCHEDULES = ("constant", "linear", "cosine")
+from ..runtime import optim
+from ..runtime.settings import check_ranges, setting
 
 # Files that mark a directory as holding a finished stage (or another ppo-lm output): a new stage
 # refuses to write over them unless told to (``--overwrite``).
@@ -23,30 +25,51 @@ STAGE_OUTPUTS = ("config.json", *WEIGHT_FILES, "sft_metrics.json", "rm_metrics.j
                  "rm_log.jsonl", "metrics.jsonl", "checkpoints")
 
 
-def check_stage_config(cfg, section: str) -> None:
+@dataclass
+class StageConfig:
+    """Settings of a training stage before PPO (SFT, the reward model): the optimiser, its schedule and
+    the batching, each field with its range (checked by :func:`check_stage_config`). An *example* is
+    a (prompt, response) row for SFT, a (prompt, chosen, rejected) pair for the reward model."""
+
+    lr: float = setting(1e-4, gt=0, finite=True)
+    """AdamW learning rate (the schedule's peak)."""
+    epochs: int = setting(1, ge=1)
+    """Passes over the training examples (unless max_steps is set)."""
+    max_steps: int | None = setting(None, ge=1)
+    """Optimiser steps to take; None: epochs decide."""
+    batch_size: int = setting(16, ge=1)
+    """Examples per optimiser step."""
+    eval_batch_size: int = setting(64, ge=1)
+    """Examples per forward pass of the held-out evaluation (and of the reward model's normalisation)."""
+    max_length: int = setting(512, ge=2)
+    """Longest prompt + response + EOS in tokens (each side of a pair); longer examples are skipped, not
+    truncated. At least 2: a prompt token and the EOS."""
+    heldout_fraction: float = setting(0.1, ge=0, lt=1)
+    """Share of the examples held out for the before/after evaluation, whole prompts at a time; used
+    only without eval_data."""
+    weight_decay: float = setting(0.0, ge=0, finite=True)
+    """AdamW's decoupled weight decay of the weight matrices (biases and norm weights exempt,
+    ppo_lm.runtime.optim); 0 = none."""
+    warmup_steps: int = setting(0, ge=0)
+    """Linear learning-rate warm-up, in optimiser steps (step k uses (k+1)/warmup_steps of lr); 0 = none."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after the warm-up: constant, or linear/cosine decay to 0 at the last step."""
+    max_grad_norm: float | None = setting(1.0, ge=0, finite=True)
+    """Clip the global gradient norm to this; None or 0 = no clipping."""
+    log_every: int = setting(10, ge=0)
+    """Print a progress line (loss and the stage's metrics, lr, step/total) every this many steps and at
+    the last; 0 = never."""
+    add_special_tokens: bool = True
+    """Let the tokenizer add its special tokens (e.g. a BOS) to a text prompt, as the PPO rollout's
+    tokenizer call does. Prompts of chat messages get none added: the chat template writes its own."""
+
+
+def check_stage_config(cfg: StageConfig, section: str) -> None:
     """Refuse an out-of-range setting of an SFT or reward-model stage (:class:`InputError` naming
     ``section.field``), before any model or data is touched."""
-
-    def need(ok: bool, name: str, want: str) -> None:
-        if not ok:
-            raise InputError(f"`{section}.{name}` must be {want}, got {getattr(cfg, name)!r}")
-
-    def number(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-    need(number(cfg.lr) and cfg.lr > 0, "lr", "a finite number > 0")
-    need(cfg.epochs >= 1, "epochs", ">= 1")
-    need(cfg.max_steps is None or cfg.max_steps >= 1, "max_steps", ">= 1 (or unset: epochs decide)")
-    need(cfg.batch_size >= 1, "batch_size", ">= 1")
-    need(cfg.eval_batch_size >= 1, "eval_batch_size", ">= 1")
-    need(cfg.max_length >= 2, "max_length", ">= 2 (a prompt token and the EOS)")
-    need(number(cfg.heldout_fraction) and 0.0 <= cfg.heldout_fraction < 1.0, "heldout_fraction", "in [0, 1)")
-    need(number(cfg.weight_decay) and cfg.weight_decay >= 0, "weight_decay", "a finite number >= 0")
-    need(cfg.warmup_steps >= 0, "warmup_steps", ">= 0")
-    need(cfg.schedule in LR_SCHEDULES, "schedule", f"one of {', '.join(LR_SCHEDULES)}")
-    need(cfg.max_grad_norm is None or (number(cfg.max_grad_norm) and cfg.max_grad_norm >= 0), "max_grad_norm",
-         "a finite number >= 0 (0 or unset: no clipping)")
-    need(cfg.log_every >= 0, "log_every", ">= 0 (0: no progress lines)")
+    check_ranges(cfg, f"{section}.", error=InputError)
+    if cfg.schedule not in optim.LR_SCHEDULES:
+        raise InputError(f"`{section}.schedule` must be one of {', '.join(optim.LR_SCHEDULES)}, got {cfg.schedule!r}")
 
 
 def total_steps(n_rows: int, batch_size: int, epochs: int, max_steps: int | None) -> int:
@@ -76,34 +99,18 @@ def batch_indices(n_rows: int, batch_size: int, n_steps: int, seed: int) -> Iter
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW; biases and norm weights (1-D parameters) are exempt from weight decay, as usual."""
+    """:func:`ppo_lm.runtime.optim.adamw` over the model's trainable parameters."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise InputError("the model has no trainable parameters")
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return torch.optim.AdamW(groups, lr=lr)
+    return optim.adamw(params, lr, weight_decay=weight_decay)
 
 
 def make_scheduler(opt: torch.optim.Optimizer, schedule: str, warmup_steps: int, n_steps: int):
-    """Linear warm-up over ``warmup_steps``, then constant, linear decay or cosine decay to 0."""
-    if schedule not in LR_SCHEDULES:
-        raise InputError(f"schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup_steps) / max(1, n_steps - warmup_steps))
-        if schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    """:func:`ppo_lm.runtime.optim.lr_schedule` (linear warm-up, then constant, linear or cosine)."""
+    if schedule not in optim.LR_SCHEDULES:
+        raise InputError(f"schedule must be one of {optim.LR_SCHEDULES}, got {schedule!r}")
+    return optim.lr_schedule(opt, schedule, warmup_steps, n_steps)
 
 
 def optimizer_step(

@@ -20,7 +20,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +37,7 @@ from ..data.examples import (
 from ..data.rows import InputError, RowsLike
 from ..models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, sequence_scores
 from ._common import (
+    StageConfig,
     batch_indices,
     check_stage_config,
     make_optimizer,
@@ -56,41 +56,14 @@ STD_KEY = REWARD_STD_KEY
 
 
 @dataclass
-class RMConfig:
-    """Settings of the reward-model stage (train_reward_model). max_steps, when set, overrides epochs."""
+class RMConfig(StageConfig):
+    """Settings of the reward-model stage (train_reward_model): the fields of
+    :class:`~._common.StageConfig`, an example being a (prompt, chosen, rejected) pair, and the
+    normalisation. max_steps, when set, overrides epochs."""
 
-    lr: float = 1e-4
-    """AdamW learning rate (the schedule's peak)."""
-    epochs: int = 1
-    """Passes over the training pairs (unless max_steps is set)."""
-    max_steps: int | None = None
-    """Optimiser steps to take; None: epochs decide."""
-    batch_size: int = 16
-    """Pairs per optimiser step."""
-    eval_batch_size: int = 64
-    """Pairs per forward pass of the held-out evaluation and the normalisation."""
-    max_length: int = 512
-    """Longest prompt + response + EOS in tokens, per side; pairs with a longer side are skipped."""
-    heldout_fraction: float = 0.1
-    """Share of the pairs held out for the before/after accuracy, whole prompts at a time, in [0, 1);
-    used only without eval_data."""
-    weight_decay: float = 0.0
-    """AdamW's decoupled weight decay (biases and norm weights exempt); 0 = none."""
-    warmup_steps: int = 0
-    """Linear learning-rate warm-up from 0, in optimiser steps; 0 = none."""
-    schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """Learning-rate schedule after the warm-up: constant, or linear/cosine decay to 0 at the last step."""
-    max_grad_norm: float | None = 1.0
-    """Clip the global gradient norm to this; None or 0 = no clipping."""
-    log_every: int = 10
-    """Print a progress line (loss, accuracy, lr, step/total) every this many steps and at the last;
-    0 = never."""
     normalize: bool = True
     """After training, standardise the scores on the training pairs' responses (mean and std stored in
     the model's config.json), so PPO's KL coefficient sees a predictable scale."""
-    add_special_tokens: bool = True
-    """Let the tokenizer add its special tokens (e.g. a BOS) to a text prompt, as the PPO rollout's
-    tokenizer call does. Prompts of chat messages get none added: the chat template writes its own."""
 
 
 def build_reward_model_from_policy_config(

@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +26,7 @@ from ..data.examples import (
 )
 from ..data.rows import InputError, RowsLike
 from ._common import (
+    StageConfig,
     batch_indices,
     check_stage_config,
     make_optimizer,
@@ -44,37 +44,9 @@ IGNORE_INDEX = -100
 
 
 @dataclass
-class SFTConfig:
-    """Settings of the SFT stage (train_sft). max_steps, when set, overrides epochs."""
-
-    lr: float = 1e-4
-    """AdamW learning rate (the schedule's peak)."""
-    epochs: int = 1
-    """Passes over the training rows (unless max_steps is set)."""
-    max_steps: int | None = None
-    """Optimiser steps to take; None: epochs decide."""
-    batch_size: int = 16
-    """Rows per optimiser step."""
-    eval_batch_size: int = 64
-    """Rows per forward pass of the held-out evaluation."""
-    max_length: int = 512
-    """Longest prompt + response + EOS in tokens; longer rows are skipped, not truncated."""
-    heldout_fraction: float = 0.1
-    """Share of the rows held out for the before/after loss, whole prompts at a time, in [0, 1); used
-    only without eval_data."""
-    weight_decay: float = 0.0
-    """AdamW's decoupled weight decay (biases and norm weights exempt); 0 = none."""
-    warmup_steps: int = 0
-    """Linear learning-rate warm-up from 0, in optimiser steps; 0 = none."""
-    schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """Learning-rate schedule after the warm-up: constant, or linear/cosine decay to 0 at the last step."""
-    max_grad_norm: float | None = 1.0
-    """Clip the global gradient norm to this; None or 0 = no clipping."""
-    log_every: int = 10
-    """Print a progress line (loss, lr, step/total) every this many steps and at the last; 0 = never."""
-    add_special_tokens: bool = True
-    """Let the tokenizer add its special tokens (e.g. a BOS) to a text prompt, as the PPO rollout's
-    tokenizer call does. Prompts of chat messages get none added: the chat template writes its own."""
+class SFTConfig(StageConfig):
+    """Settings of the SFT stage (train_sft): the fields of :class:`~._common.StageConfig`, an example
+    being a (prompt, response) row. max_steps, when set, overrides epochs."""
 
 
 def build_sft_example(

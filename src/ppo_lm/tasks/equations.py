@@ -316,11 +316,16 @@ def build_tokenizer(model_max_length: int = 512):
     )
 
 
+BUILTIN_HEADS = 4
+"""Attention heads of the built-in model (as many key/value heads): its hidden size must be a multiple
+of twice this, as RoPE splits each head's width in halves."""
+
+
 def tiny_model_config(
     tokenizer,
     hidden_size: int = 64,
     num_layers: int = 2,
-    num_heads: int = 4,
+    num_heads: int = BUILTIN_HEADS,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 128,
     tie_word_embeddings: bool = False,

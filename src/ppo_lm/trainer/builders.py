@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from ..data.prompts import check_prompt_rows
+from ..data import prompts
 from ..models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, CriticModel, PolicyModel
 from ..models.hf_compat import disable_dropout, load_tokenizer, scalar_head, trunk
 from ..models.loading import check_tokenizer_dir, load_model
@@ -323,5 +324,41 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False) -> l
             rows = load_rows(source, [], name=f"prompt data (`{field}`)", split=cfg.eval_split if held_out else cfg.split)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    check_prompt_rows(rows, cfg.prompt_column, source=f"`{field}`")
+    prompts.check_prompt_rows(rows, cfg.prompt_column, source=f"`{field}`")
     return rows
+
+
+class PromptSet(NamedTuple):
+    """The prompts a run trains and evaluates on, as the rollout encodes them."""
+
+    rows: list[dict]  # training rows, the prompt column rendered to text
+    eval_rows: list[dict] | None  # held-out rows, likewise (None: no evaluation)
+    chat: bool  # rendered by the chat template (which writes its own special tokens)
+    stop_ids: tuple[int, ...]  # EOS, the generation config's end-of-turn ids, rollout.stop_tokens
+
+
+def build_prompts(cfg: TrainConfig, tokenizer, policy_lm: nn.Module, rows: list[dict],
+                  eval_rows: list[dict] | None, *, given: bool = False) -> PromptSet:
+    """Stop tokens (and a pad token that is none of them), then the prompt rows — checked when
+    ``given`` from Python (read rows were checked by the start-up checks) — and the held-out rows,
+    their chat messages rendered with the chat template, each prompt checked against the context."""
+    stop_ids = [tokenizer.eos_token_id, *generation_stop_ids(policy_lm)]
+    for s in cfg.rollout.stop_tokens:
+        stop_ids.append(single_token_id(tokenizer, s, "rollout.stop_tokens"))
+    stop_ids = list(dict.fromkeys(stop_ids))
+    ensure_pad_token(tokenizer, stop_ids)
+
+    d = cfg.data
+    if given:
+        prompts.check_prompt_rows(rows, d.prompt_column, source="`prompt_rows`")
+    rows, chat = prompts.render_prompts(rows, d.prompt_column, d.chat_template, tokenizer)
+    context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
+    fits = dict(max_prompt_tokens=context - cfg.rollout.max_new_tokens, add_special_tokens=not chat)
+    prompts.check_prompt_lengths(rows, d.prompt_column, tokenizer, **fits)
+    if eval_rows is not None:
+        eval_rows, eval_chat = prompts.render_prompts(eval_rows, d.prompt_column, d.chat_template, tokenizer)
+        if eval_chat != chat:
+            raise ConfigError("`data.eval_prompts` and `data.prompts` hold different kinds of prompts (plain text "
+                              "and chat messages); use one kind")
+        prompts.check_prompt_lengths(eval_rows, d.prompt_column, tokenizer, **fits)
+    return PromptSet(rows, eval_rows, chat, tuple(stop_ids))

@@ -1,5 +1,11 @@
 """Typed configuration: the single source of defaults. YAML files and CLI flags only override these.
 
+Each field carries its rules (:func:`~ppo_lm.runtime.settings.setting`): the range its value must lie
+in, checked by :func:`~ppo_lm.trainer.validate.validate_config`, and ``resume=True`` where a resumed run
+may set it differently from the run it continues (its length, logging, devices, and the speed
+settings that do not change results; everything else defines the experiment). Rules that tie
+several fields together stay in trainer/validate.py.
+
 CLI flags follow the dataclass nesting: ``--algo.gae-lambda 0.9``, ``--rollout.max-new-tokens 16``.
 """
 
@@ -7,6 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+from ..runtime.settings import setting
+from ..tasks.equations import BUILTIN_HEADS
 
 
 @dataclass
@@ -33,14 +42,14 @@ class ModelConfig:
     critic_init: str = "auto"
     """Separate critic's body: 'auto' (reward model if there is one, else policy), 'policy',
     'reward', or a path to a checkpoint."""
-    value_grad_scale: float = 1.0
+    value_grad_scale: float = setting(1.0, ge=0, le=1)
     """Shared critic only: scale of the value-loss gradient that reaches the trunk (0 = head only)."""
-    builtin_hidden_size: int = 64
+    builtin_hidden_size: int = setting(64, ge=1)
     """Built-in model only (policy 'builtin'): hidden size; its MLP is 4× as wide. Must be a
     multiple of 2 × builtin_heads (RoPE halves each head)."""
-    builtin_layers: int = 2
+    builtin_layers: int = setting(2, ge=1)
     """Built-in model only: number of transformer layers."""
-    builtin_heads: int = 4
+    builtin_heads: int = setting(BUILTIN_HEADS, ge=1)
     """Built-in model only: attention heads (as many key/value heads)."""
     fsdp: bool = False
     """Under torchrun: shard policy and critic (parameters, gradients, optimiser state) and the frozen
@@ -48,20 +57,20 @@ class ModelConfig:
     a single process."""
     fsdp_bf16: bool = False
     """With fsdp: bf16 compute/all-gather (fp32 master weights and gradient reduction)."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = setting(False, resume=True)
     """Recompute each transformer layer's activations in the backward instead of keeping them, for the
     policy and the separate critic: the update's activation memory drops to about one layer's, for
     about one more forward of compute. The numbers trained on are the same. Updates then run on one
     CPU lane."""
-    lora_r: int = 0
+    lora_r: int = setting(0, ge=0)
     """LoRA rank (0 = off: every weight trains). With r > 0, low-rank adapters (peft) are added to
     `lora_target_modules` of the policy and of a separate critic (whose value head trains in full; a
     shared critic's value head too) and only they train; the frozen reference is the policy with its
     adapters switched off, so no second copy of the weights is held. Checkpoints hold the adapters
     (peft's adapter_model.safetensors), `ppo-lm export` merges them (docs/lora.md)."""
-    lora_alpha: float = 32.0
+    lora_alpha: float = setting(32.0, gt=0, finite=True)
     """LoRA scaling numerator: each adapter adds (lora_alpha / lora_r)·B·A·x to its layer's output."""
-    lora_dropout: float = 0.0
+    lora_dropout: float = setting(0.0, ge=0, lt=1)
     """Dropout on the adapters' input while training. 0 keeps rollout and update numerics identical (the
     first epoch's ratio is exactly 1); > 0 makes the update's forward differ from the rollout's."""
     lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
@@ -73,13 +82,13 @@ class ModelConfig:
     models may need it to sharpen their output distribution (docs/lora.md); a head that shares its weight
     with the input embeddings (tie_word_embeddings) is refused, as merging would change both. A critic's
     value head trains in full either way."""
-    compile_kernels: bool = False
+    compile_kernels: bool = setting(False, resume=True)
     """Fuse RMSNorm, RoPE and SwiGLU of Qwen2/Llama training forwards/backwards with torch.compile
     (each becomes one loop instead of several passes over its tensor). Costs a compile at start-up
     (shorter once inductor's disk cache is warm) and needs a C++ compiler (CPU) or Triton (GPU); the
     gain is largest with cpu_lanes = 1 (see docs/benchmarks.md). Falls back to eager kernels with a
     warning when no compiler is usable."""
-    cpu_lanes: int = 0
+    cpu_lanes: int = setting(0, ge=0, resume=True)
     """On CPU in a single process: share the rows of each update micro-batch and each scoring forward
     among this many threads that run at once, each with its share of torch's threads; their
     gradients are summed. Fills the gaps where one op's threads would wait between ops (Python, the
@@ -91,7 +100,7 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weight dtype of the policy (and its frozen reference), a reward-model checkpoint and the separate
     critic, as the trainer builds or loads them."""
-    device: str = "auto"
+    device: str = setting("auto", resume=True)
     """'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu', 'cuda', …"""
 
 
@@ -110,15 +119,15 @@ class DataConfig:
     """How a prompt column of chat messages (lists of {"role", "content"}) becomes text: 'auto' = the
     tokenizer's chat template, with the assistant turn opened (add_generation_prompt); a path = a
     Jinja template file used instead; 'none' = refuse messages. Plain-text prompts are used as they are."""
-    builtin_num_prompts: int = 2000
+    builtin_num_prompts: int = setting(2000, ge=1)
     """Size of the built-in training prompt set."""
-    eval_prompts: str | None = None
+    eval_prompts: str | None = setting(None, resume=True)
     """Held-out prompts evaluated during training (see `log.eval_every`): 'builtin:equations' (the
     built-in task's held-out split) or a file like `data.prompts`, with the same columns; None = no
     evaluation."""
-    eval_split: str = "test"
+    eval_split: str = setting("test", resume=True)
     """The split of `data.eval_prompts` to read where it has several (as `data.split`)."""
-    builtin_eval_prompts: int = 200
+    builtin_eval_prompts: int = setting(200, ge=1, resume=True)
     """Size of the built-in held-out prompt set (distinct prompts)."""
     shuffle: bool = True
     """Visit the prompts in a fresh permutation on each pass over the data (seeded by `seed` and the pass,
@@ -127,31 +136,31 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    num_prompts: int = 32
+    num_prompts: int = setting(32, ge=1)
     """Prompts per iteration over all ranks; each is sampled `samples_per_prompt` times."""
-    samples_per_prompt: int = 1
+    samples_per_prompt: int = setting(1, ge=1)
     """Responses sampled per prompt: the group of grpo, dr_grpo and rloo (which need >= 2). An iteration
     has num_prompts × samples_per_prompt episodes."""
-    max_new_tokens: int = 8
+    max_new_tokens: int = setting(8, ge=1)
     """Response length limit in tokens; a response cut there without a stop token is truncated and
     bootstraps from V (docs/algorithm.md §1.3). Also the constant divisor of seq-mean-token-sum-norm."""
-    min_new_tokens: int = 0
+    min_new_tokens: int = setting(0, ge=0)
     """Stop tokens cannot be sampled before this many response tokens (= max_new_tokens gives
     fixed-length responses, e.g. for a benchmark with a fixed amount of work)."""
-    temperature: float = 1.0
+    temperature: float = setting(1.0, gt=0, finite=True)
     """Sampling temperature (> 0); logp_old, logp_ref and the trained log-probs are all taken under
     softmax(logits / temperature)."""
-    top_k: int = 0
+    top_k: int = setting(0, ge=0)
     """Sample only among the k most likely tokens; 0 = off. Filters sampling only: the trained
     log-probs are those of the unfiltered distribution."""
-    top_p: float = 1.0
+    top_p: float = setting(1.0, gt=0, le=1)
     """Nucleus sampling: only the smallest set of most likely tokens whose probability reaches top_p, in
     (0, 1]; 1 = off. Filters sampling only, like top_k."""
     stop_tokens: list[str] = field(default_factory=list)
     """Extra stop strings (single tokens) besides the tokenizer's EOS."""
     missing_eos_penalty: float = 0.0
     """Subtracted from the score of responses cut by the length limit (no stop token)."""
-    forward_batch_size: int = 0
+    forward_batch_size: int = setting(0, ge=0, resume=True)
     """Batch size of the scoring forwards (policy/ref/critic/reward); 0 = the whole rollout."""
     logp_from_sampler: bool = False
     """Take logp_old from the sampler's logits instead of a scoring forward of the policy (saves
@@ -167,25 +176,25 @@ class AlgoConfig:
     policy_loss: Literal["ppo", "pg"] = "ppo"
     """Policy loss: 'ppo' = the clipped surrogate (Schulman et al. 2017); 'pg' = the unclipped
     importance-weighted −ρ·Â (clip_eps, clip_eps_high and dual_clip are ignored)."""
-    gamma: float = 1.0
+    gamma: float = setting(1.0, ge=0, le=1)
     """Discount γ in [0, 1] of the TD residuals/GAE (Schulman et al. 2015) and of REINFORCE++'s returns;
     1 = undiscounted. Unused by grpo, dr_grpo and rloo."""
-    gae_lambda: float = 0.95
+    gae_lambda: float = setting(0.95, ge=0, le=1)
     """GAE's λ in [0, 1] (Schulman et al. 2015) of the advantages and the critic target, unless
     adaptive_lambda_alpha / critic_lambda replace it; 0 = one-step TD, 1 = the sampled return. gae only."""
-    critic_lambda: float | None = None
+    critic_lambda: float | None = setting(None, ge=0, le=1)
     """Decoupled GAE (VC-PPO): λ for the critic target; None = gae_lambda."""
-    adaptive_lambda_alpha: float | None = None
+    adaptive_lambda_alpha: float | None = setting(None, gt=0, finite=True)
     """VAPO length-adaptive actor λ = 1 − 1/(α·l); None = off."""
     whiten_advantages: bool = True
     """Whiten GAE advantages over the global batch (critic-free estimators normalise themselves)."""
-    kl_coef: float = 0.05
+    kl_coef: float = setting(0.05, ge=0, finite=True)
     """β of the reference KL (docs/algorithm.md §1.2), in the reward or as a loss term (see kl_in); the starting value
     when adaptive (then > 0); 0 = no KL penalty."""
     kl_estimator: Literal["auto", "k1", "k2", "k3"] = "auto"
     """KL(π ‖ π_ref) per token (docs/algorithm.md §1.2). auto: k1 in the reward; k3 as a loss term (unbiased and
     ≥ 0, as in GRPO; k1 as a loss has zero expected gradient on-policy)."""
-    kl_clamp: float | None = 10.0
+    kl_clamp: float | None = setting(10.0, gt=0)
     """A KL loss term's per-token estimate is clipped to [−kl_clamp, kl_clamp] (as verl and OpenRLHF
     do: k3 explodes where π_θ has moved far from π_ref); clipped tokens pass no gradient, and their
     share is logged as kl_clamp_frac. None = no clamp. Not used for a KL in the reward."""
@@ -193,27 +202,27 @@ class AlgoConfig:
     """Where the reference KL goes: into the shaped reward, or as a loss term β·KL. auto: the reward
     for estimators that learn from it (gae, reinforce++), the loss for those built from the scores alone
     (grpo, dr_grpo, rloo; docs/algorithm.md §3), where a KL in the reward would have no effect."""
-    adaptive_kl_target: float | None = None
+    adaptive_kl_target: float | None = setting(None, gt=0, finite=True)
     """Target per-response KL for the adaptive β of Ziegler et al. 2019; None = fixed β."""
-    adaptive_kl_horizon: float = 10000.0
+    adaptive_kl_horizon: float = setting(10000.0, gt=0, finite=True)
     """Horizon of the adaptive β (Ziegler et al. 2019), in episodes: β ← β·(1 + e·n/horizon), n = episodes
     per iteration; must be >= n. Used only with adaptive_kl_target."""
     critic_target: Literal["shaped", "score"] = "shaped"
     """'score' trains the critic on score-only rewards (KL part excluded from its target)."""
-    clip_eps: float = 0.2
+    clip_eps: float = setting(0.2, gt=0, finite=True)
     """PPO's ε (Schulman et al. 2017): the probability ratio is clipped to [1 − ε, 1 + ε] (upper bound
     1 + clip_eps_high when set). Must be > 0."""
-    clip_eps_high: float | None = None
+    clip_eps_high: float | None = setting(None, gt=0, finite=True)
     """Clip-higher: upper ratio bound 1 + clip_eps_high; None = symmetric."""
-    dual_clip: float | None = None
+    dual_clip: float | None = setting(None, gt=1)
     """Dual-clip constant c > 1 for negative advantages; None = off."""
-    value_clip_eps: float | None = 0.2
+    value_clip_eps: float | None = setting(0.2, gt=0)
     """Value clipping ε_v (docs/algorithm.md §1.4), in reward units: the loss takes the larger of (V − R̂)² and
     (clip(V, V_old ± ε_v) − R̂)²; None = unclipped."""
-    vf_coef: float = 0.1
+    vf_coef: float = setting(0.1, ge=0, finite=True)
     """c₁: weight of the value loss (docs/algorithm.md §1.4). Added to the policy loss with a shared critic; with a
     separate critic it scales that critic's own loss."""
-    entropy_coef: float = 0.0
+    entropy_coef: float = setting(0.0, ge=0, finite=True)
     """c₂: weight of the entropy bonus −c₂·H[π_θ] in the policy loss (docs/algorithm.md §1.4); 0 = no bonus (the
     entropy is still logged, from the first epoch)."""
     loss_agg: Literal["auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "auto"
@@ -223,47 +232,48 @@ class AlgoConfig:
 
 @dataclass
 class OptimConfig:
-    epochs: int = 4
+    epochs: int = setting(4, ge=1)
     """PPO epochs K: passes over each rollout, reshuffled into minibatches every pass (docs/algorithm.md §1.4)."""
-    num_minibatches: int = 2
+    num_minibatches: int = setting(2, ge=1)
     """Minibatches per epoch, one optimiser step each; must divide the episodes per process
     (num_prompts / processes × samples_per_prompt)."""
-    micro_batch_size: int = 0
+    micro_batch_size: int = setting(0, ge=0, resume=True)
     """Sequences per forward/backward within a minibatch (gradient accumulation); 0 = whole minibatch."""
-    actor_lr: float = 3e-4
+    actor_lr: float = setting(3e-4, gt=0, finite=True)
     """AdamW learning rate of the policy's parameters (the schedule's peak). With a shared critic the
     trunk's value-loss gradient is also stepped at this rate."""
-    critic_lr: float = 1e-3
+    critic_lr: float = setting(1e-3, gt=0, finite=True)
     """AdamW learning rate of the critic: the separate critic (body and head), or the shared critic's
     value head."""
-    weight_decay: float = 0.0
-    """AdamW's decoupled weight decay, for both optimisers; 0 = none."""
-    adam_betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = setting(0.0, ge=0, finite=True)
+    """AdamW's decoupled weight decay of the weight matrices, for both optimisers (biases and norm weights
+    exempt, ppo_lm.runtime.optim); 0 = none."""
+    adam_betas: tuple[float, float] = setting((0.9, 0.999), ge=0, lt=1)
     """AdamW's (β₁, β₂), for both optimisers; each in [0, 1)."""
-    adam_eps: float = 1e-8
+    adam_eps: float = setting(1e-8, gt=0, finite=True)
     """AdamW's ε, for both optimisers."""
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     """Learning-rate schedule after the warm-up: constant, or cosine/linear decay to 0 at the run's last
     optimiser step (the actor's count leaves out critic_warmup_iterations)."""
-    warmup_steps: int = 0
-    """Linear learning-rate warm-up from 0, in optimiser steps (minibatch updates), for each optimiser;
-    0 = none."""
-    max_grad_norm: float = 1.0
+    warmup_steps: int = setting(0, ge=0)
+    """Linear learning-rate warm-up, in optimiser steps (minibatch updates), for each optimiser: step k
+    uses (k+1)/warmup_steps of the rate (ppo_lm.runtime.optim); 0 = none."""
+    max_grad_norm: float = setting(1.0, gt=0)
     """Clip the global gradient norm to this, separately for the policy's and the critic's parameters
     (docs/algorithm.md §1.4)."""
-    critic_warmup_iterations: int = 0
+    critic_warmup_iterations: int = setting(0, ge=0)
     """The first N iterations train only the critic (policy frozen)."""
-    max_nonfinite_in_row: int = 3
+    max_nonfinite_in_row: int = setting(3, ge=1)
     """Stop after this many consecutive minibatch updates with a non-finite loss or gradient norm (each one
     is skipped: no optimiser step, no statistics)."""
 
 
 @dataclass
 class LogConfig:
-    save_every: int = 10
+    save_every: int = setting(10, ge=0)
     """Write a checkpoint every this many iterations, and always after the last; 0 = only after the
     last."""
-    keep_last: int = 2
+    keep_last: int = setting(2, ge=1)
     """Checkpoints kept under OUTPUT_DIR/checkpoints; older ones are deleted (>= 1)."""
     sample_every: int = 5
     """Every this many iterations, append num_samples (prompt, response, score) rows of the rollout to
@@ -279,11 +289,11 @@ class LogConfig:
     """The run's name in the trackers; None = the output directory's name."""
     tensorboard: bool = True
     """False = leave 'tensorboard' out of report_to (the older switch, kept for existing configs)."""
-    eval_every: int = 0
+    eval_every: int = setting(0, ge=0)
     """With `data.eval_prompts`: evaluate the policy before training, every this many iterations and
     after the last; 0 = before and after only. Logged as eval_score (mean score of the verifier: the
     `model.gold_reward` if set, else `model.reward`) and, with eval_samples > 1, eval_pass_at_k."""
-    eval_samples: int = 1
+    eval_samples: int = setting(1, ge=1)
     """Responses per held-out prompt: 1 = greedy; k > 1 = k sampled at the rollout's temperature,
     top_k and top_p (eval_score is their mean, eval_pass_at_k the share of prompts with one passing)."""
     eval_pass_score: float = 1.0
@@ -291,29 +301,29 @@ class LogConfig:
     progress: bool = True
     """Show the run's progress: on a terminal, a bar with score, ref_kl and value loss redrawn once per
     iteration; otherwise (a batch job's log file) a plain line every print_every iterations."""
-    print_every: int = 1
+    print_every: int = setting(1, ge=0)
     """When stdout is not a terminal: print (and flush) one line of the main metrics every this many
     iterations, and after the last; 0 = none."""
 
 
 @dataclass
 class TrainConfig:
-    output_dir: str = "runs/train"
+    output_dir: str = setting("runs/train", resume=True)
     """Directory of the run: config.yaml, metrics.jsonl, samples.jsonl, tensorboard/ and
     checkpoints/; without --resume it must not hold a run already."""
-    iterations: int = 20
+    iterations: int = setting(20, ge=1, resume=True)
     """Total iterations; with --resume, training continues up to this number."""
     seed: int = 0
     """Seeds the built-in model and prompts, the prompt order, torch's RNG, and the sampling and
     minibatch-shuffling generators (offset per process)."""
-    resume: bool = False
+    resume: bool = setting(False, resume=True)
     """Continue from the newest intact checkpoint in output_dir, with the run's own settings (read from
     its config.yaml when no --config is given; differing ones are an error). An output_dir without a
     checkpoint is an error."""
-    auto_resume: bool = False
+    auto_resume: bool = setting(False, resume=True)
     """Resume when output_dir holds a checkpoint, else start the run: one command for a job that may be
     preempted and restarted."""
-    threads: int = 0
+    threads: int = setting(0, ge=0, resume=True)
     """torch CPU threads; 0 = leave torch's default."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Policy, reference, reward and critic models (docs/algorithm.md §2)."""
@@ -325,5 +335,5 @@ class TrainConfig:
     """Reward shaping, advantages and losses (docs/algorithm.md §1.2–1.4, §3)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Epochs, minibatches, optimisers and learning rates of the update."""
-    log: LogConfig = field(default_factory=LogConfig)
+    log: LogConfig = setting(default_factory=LogConfig, resume=True)
     """Checkpoints, metrics, samples and progress display."""

@@ -7,12 +7,14 @@ import difflib
 import re
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
 from ..runtime.errors import ConfigError
+from ..runtime.settings import resumable
 from .files import atomic_write_text
 
 C = TypeVar("C")
@@ -141,23 +143,20 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def dump_yaml(cfg: Any, path: str | Path) -> None:
-    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """``cfg`` (a config dataclass, or its :func:`to_dict`) as YAML at ``path``, written atomically."""
+    atomic_write_text(path, yaml.safe_dump(cfg if isinstance(cfg, dict) else to_dict(cfg), sort_keys=False))
 
 
-# What a resumed run may set differently from the run it continues: its length, logging, the devices
-# and the speed settings that do not change results. Everything else defines the experiment.
-RESUME_MAY_CHANGE = ("iterations", "resume", "auto_resume", "output_dir", "threads", "log.", "model.device", "model.cpu_lanes",
-                     "model.compile_kernels", "model.gradient_checkpointing", "rollout.forward_batch_size", "optim.micro_batch_size",
-                     "data.eval_prompts", "data.eval_split", "data.builtin_eval_prompts")
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"model": {"policy": "x"}}`` → ``{"model.policy": "x"}``; lists, empty mappings and other values
+    as they are."""
     out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
+    for k, v in config.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key + "."))
         else:
-            out[f"{prefix}{k}"] = v
+            out[key] = v
     return out
 
 
@@ -172,11 +171,15 @@ def load_saved_config(path: str | Path) -> dict[str, Any]:
 
 def resume_differences(cfg: Any, saved: dict[str, Any]) -> list[str]:
     """``field: X here, Y in the run`` for every setting of ``cfg`` that differs from the run's saved
-    config (as nested dicts), except those in :data:`RESUME_MAY_CHANGE`."""
-    def may_change(key: str) -> bool:
-        return any(key.startswith(m) if m.endswith(".") else key == m for m in RESUME_MAY_CHANGE)
+    config (as nested dicts), except those its fields declare a resume may change
+    (``setting(resume=True)``: its length, logging, the devices and the speed settings that do not
+    change results; everything else defines the experiment)."""
+    changeable = resumable(type(cfg))
 
-    now, then = _flat(to_dict(cfg)), _flat(saved)
+    def may_change(key: str) -> bool:
+        return any(key.startswith(m) if m.endswith(".") else key == m for m in changeable)
+
+    now, then = flatten(to_dict(cfg)), flatten(saved)
     return [f"{k}: {now[k]!r} here, {then[k]!r} in the run" for k in now
             if k in then and now[k] != then[k] and not may_change(k)]
 

@@ -1,41 +1,27 @@
 """What the update trains with: the trained models (and the modules whose forward it calls), their
-parameters, optimisers and learning-rate schedules, and how forwards over rows are run."""
+parameters, optimisers and learning-rate schedules (:mod:`ppo_lm.runtime.optim`), and the one
+backward call the update makes (:meth:`Learner.backward`), with CPU lanes and data-parallel gradient
+accumulation as strategies behind :meth:`Learner.accumulate`."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..models import sharding
 from ..models.actor_critic import CriticModel, PolicyModel
 from ..models.hf_compat import hidden_size, is_checkpointed
 from ..runtime import distributed as dist
+from ..runtime import optim
 from ..runtime.lanes import Lanes, lanes_for
 from .config import TrainConfig
 
-
-def _scheduler(name: str, opt: torch.optim.Optimizer, warmup: int, total: int):
-    from transformers import get_scheduler
-
-    kind = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "linear"}[name]
-    kwargs = {"num_warmup_steps": warmup}
-    if kind != "constant_with_warmup":
-        kwargs["num_training_steps"] = total
-    return get_scheduler(kind, opt, **kwargs)
-
-
-def _adamw(params: list[nn.Parameter], lr: float, adam: dict, *, fused: bool) -> torch.optim.Optimizer:
-    """AdamW, fused into one kernel where torch has it for these parameters (CPU since torch 2.4,
-    CUDA): the same update rule in one pass over the parameters instead of many small ops; the sums
-    round differently (≈ 1e-7 relative)."""
-    if fused:
-        try:
-            return torch.optim.AdamW(params, lr=lr, fused=True, **adam)
-        except (RuntimeError, ValueError):
-            pass  # e.g. a device or dtype without a fused kernel
-    return torch.optim.AdamW(params, lr=lr, **adam)
+T = TypeVar("T")
 
 
 @dataclass
@@ -61,6 +47,26 @@ class Learner:
         """Every trainable parameter of the policy module (its value head included)."""
         return [p for p in self.policy.parameters() if p.requires_grad]
 
+    def backward(self, loss: Tensor, params: Sequence[nn.Parameter]) -> None:
+        """Back-propagate ``loss`` into the ``.grad`` of ``params``: ``loss.backward()`` (on a CPU lane
+        beside others, into that lane's own gradients, summed when :meth:`accumulate` returns)."""
+        self.lanes.backward(loss, params)
+
+    def accumulate(self, fn: Callable[[Tensor], T], rows: Tensor, lengths: Tensor, prompt_width: int, *,
+                   sync: bool) -> list[T]:
+        """``fn(rows)`` — forwards and :meth:`backward` calls over some rows of a minibatch — adding the
+        gradients into ``.grad``. On CPU the rows may run as shares side by side (one result per share,
+        :meth:`Lanes.accumulate`); under DDP gradients meet across ranks only when ``sync`` (the
+        minibatch's last micro-batch), so accumulation all-reduces once."""
+        sync_ctx = contextlib.nullcontext() if sync else sharding.no_sync(self.policy_fwd, self.critic_fwd)
+        with sync_ctx:
+            return self.lanes.accumulate(fn, rows, lengths, prompt_width)
+
+    def zero_grad(self) -> None:
+        self.actor_opt.zero_grad(set_to_none=True)
+        if self.critic_opt is not None:
+            self.critic_opt.zero_grad(set_to_none=True)
+
 
 def build_learner(cfg: TrainConfig, policy: PolicyModel, critic: CriticModel | None, device: torch.device) -> Learner:
     o = cfg.optim
@@ -74,16 +80,16 @@ def build_learner(cfg: TrainConfig, policy: PolicyModel, critic: CriticModel | N
         critic_params = list(policy.value_head.parameters())
     elif critic is not None:
         critic_params = [p for p in critic.parameters() if p.requires_grad]
-    adam = dict(betas=tuple(o.adam_betas), eps=o.adam_eps, weight_decay=o.weight_decay)
-    actor_opt = _adamw(actor_params, o.actor_lr, adam, fused=not fsdp)
-    critic_opt = _adamw(critic_params, o.critic_lr, adam, fused=not fsdp) if critic_params else None
+    adam = dict(weight_decay=o.weight_decay, betas=tuple(o.adam_betas), eps=o.adam_eps, fused=not fsdp)
+    actor_opt = optim.adamw(actor_params, o.actor_lr, **adam)
+    critic_opt = optim.adamw(critic_params, o.critic_lr, **adam) if critic_params else None
     steps_per_iteration = o.epochs * o.num_minibatches
     total = cfg.iterations * steps_per_iteration
     actor_total = max(cfg.iterations - o.critic_warmup_iterations, 1) * steps_per_iteration
     return Learner(
         policy, critic, policy_fwd, critic_fwd, actor_params, critic_params, actor_opt, critic_opt,
-        _scheduler(o.schedule, actor_opt, o.warmup_steps, actor_total),
-        _scheduler(o.schedule, critic_opt, o.warmup_steps, total) if critic_opt else None,
+        optim.lr_schedule(actor_opt, o.schedule, o.warmup_steps, actor_total),
+        optim.lr_schedule(critic_opt, o.schedule, o.warmup_steps, total) if critic_opt else None,
         lanes_for(cfg.model.cpu_lanes, device, dist.is_initialized(), policy, critic, hidden=hidden_size(policy.lm),
                   checkpointed=is_checkpointed(policy, critic)),
     )

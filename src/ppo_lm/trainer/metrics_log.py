@@ -93,8 +93,9 @@ class MetricsLogger:
             self.progress = Progress(
                 TextColumn("[bold]ppo-lm[/]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                 TextColumn("{task.fields[headline]}"),
-                # No refresh thread: it competes with torch's OpenMP workers for the 2 cores of a
-                # laptop-class CPU (measured: iterations 4-100x slower); redraw once per iteration.
+                # No refresh thread: it competes with torch's OpenMP workers for the cores of a
+                # laptop-class CPU (docs/benchmarks.md, "Defaults behind measurements"); redraw once
+                # per iteration.
                 auto_refresh=False,
             )
             self.task = self.progress.add_task("train", total=total, headline="")

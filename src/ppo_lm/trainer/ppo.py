@@ -6,13 +6,13 @@ Read :meth:`PPOTrainer.train_iteration` first; everything else sets up or persis
 from __future__ import annotations
 
 import dataclasses
-import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..algorithms import (
     AdaptiveKLController,
@@ -26,27 +26,37 @@ from ..algorithms import (
     shape_rewards,
     whiten,
 )
-from ..data import prompts
 from ..models import kernels, sharding
 from ..models.actor_critic import RewardScorer
 from ..models.hf_compat import enable_checkpointing
 from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
 from ..rollout.evaluate import evaluate
-from ..rollout.reward import combine_terms, score_with_verifier
+from ..rollout.reward import RewardTerm, combine_terms, score_with_verifier
 from ..rollout.sampling import SamplingParams
 from ..runtime import distributed as dist
-from ..runtime.errors import ConfigError, UserError
+from ..runtime.errors import UserError
+from ..runtime.timing import Timer
 from . import adapters, builders, console, credit
 from .config import TrainConfig
-from .config_io import dump_yaml
+from .config_io import dump_yaml, to_dict
 from .diagnostics import rollout_metrics
 from .learner import build_learner
 from .metrics_log import MetricsLogger, truncate_jsonl
 from .preflight import preflight
 from .state import RngStreams, RunState, TrainState, load_checkpoint, save_checkpoint
-from .update import ppo_update
+from .update import UpdateResult, ppo_update
 from .validate import effective_algo, resolve_algo
+
+
+@dataclass
+class Iteration:
+    """What one iteration gives back: its metrics, and its rollout with the per-token targets computed
+    from it (what ``credit.jsonl`` shows of sampled episodes)."""
+
+    metrics: dict[str, float]
+    batch: RolloutBatch
+    targets: credit.CreditTargets
 
 
 class NonFiniteLossError(UserError, RuntimeError):
@@ -66,81 +76,75 @@ class PPOTrainer:
         pre = preflight(cfg, policy_given=policy is not None, tokenizer_given=tokenizer is not None,
                         verifier_given=verifier is not None, prompt_rows_given=prompt_rows is not None)
         self.resuming = pre.resuming
-        self.config = cfg  # as given, "auto" settings included: what the run's config.yaml records
-        cfg = self.cfg = dataclasses.replace(cfg, algo=resolve_algo(cfg.algo))  # what runs
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        self.device = builders.resolve_device(cfg.model.device)
+        # What the run's config.yaml and trackers record: the settings as given, "auto" kept, so a config
+        # reused with another estimator resolves for that one. ``cfg`` is what runs.
+        self.recorded_config = to_dict(cfg)
+        self.cfg = dataclasses.replace(cfg, algo=resolve_algo(cfg.algo))
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
+        self.device = builders.resolve_device(self.cfg.model.device)
         self.rank, self.world = dist.rank(), dist.world_size()
-        self.output_dir = Path(cfg.output_dir)
-        a = cfg.algo
-        self.estimator = get_advantage_estimator(a.estimator)
+        self.output_dir = Path(self.cfg.output_dir)
+        self.estimator = get_advantage_estimator(self.cfg.algo.estimator)
 
-        # Models (docs/algorithm.md §2). Seeded so every rank builds identical initial weights.
+        terms, policy_lm = self._build_models(pre, policy, tokenizer, verifier)
+        self._build_prompts(pre, prompt_rows, policy_lm)
+        self._build_training_state(terms)
+        console.say(console.banner(self))
+
+    def _build_models(self, pre, policy, tokenizer, verifier) -> tuple[list[RewardTerm], nn.Module]:
+        """The tokenizer and the four roles (docs/algorithm.md §2): policy, reward terms, critic, reference;
+        LoRA adapters and gradient checkpointing. Seeded, so every rank builds identical initial weights.
+        Returns the reward terms (their models are wrapped once the optimisers exist) and the policy's
+        language model as loaded."""
+        cfg = self.cfg
         kernels.set_compiled(cfg.model.compile_kernels, self.device, builders.DTYPES[cfg.model.dtype])
         torch.manual_seed(cfg.seed)
         self.tokenizer = tokenizer if tokenizer is not None else builders.build_tokenizer(cfg.model)
         policy_lm = policy if policy is not None else builders.build_policy(cfg, self.tokenizer)
-        shared = self.estimator.needs_critic and cfg.model.critic == "shared"
-        self.policy = builders.build_policy_module(cfg, policy_lm, with_value_head=shared).to(self.device)
+        self.shared_critic = self.estimator.needs_critic and cfg.model.critic == "shared"
+        self.policy = builders.build_policy_module(cfg, policy_lm,
+                                                   with_value_head=self.shared_critic).to(self.device)
         terms = (builders.given_reward_terms(verifier, cfg.model) if verifier is not None
                  else builders.reward_terms(cfg.model, pre.verifiers, cfg.model.dtype))
         for term in terms:
             if term.model is not None:
                 term.model.to(self.device)
         # the first reward model, if any: a separate critic may start from it (model.critic_init)
-        self.reward_model = next((term.model for term in terms if term.model is not None), None)
+        reward_model = next((term.model for term in terms if term.model is not None), None)
         self.gold_verifier = pre.gold_verifier
         self.critic = None
-        if self.estimator.needs_critic and not shared:
-            self.critic = builders.build_critic(cfg.model, policy_lm, self.reward_model).to(self.device)
-        self.shared_critic = shared
+        if self.estimator.needs_critic and not self.shared_critic:
+            self.critic = builders.build_critic(cfg.model, policy_lm, reward_model).to(self.device)
         if cfg.model.lora_r:  # only adapters train (docs/lora.md)
             if self.critic is not None:
-                adapters.add_critic_adapters(cfg, self.critic, policy_lm, self.reward_model)
+                adapters.add_critic_adapters(cfg, self.critic, policy_lm, reward_model)
             adapters.add_policy_adapters(cfg, self.policy)
         self.ref = adapters.build_reference(self.policy).to(self.device)
         if cfg.model.gradient_checkpointing:
             enable_checkpointing(policy_lm)
             if self.critic is not None:
                 enable_checkpointing(self.critic.model)
+        return terms, policy_lm
 
-        # Stop tokens: EOS, every end-of-turn id of the policy's generation config, and rollout.stop_tokens;
-        # the pad token must be none of them (padding is masked by id).
-        stop_ids = [self.tokenizer.eos_token_id, *builders.generation_stop_ids(policy_lm)]
-        for s in cfg.rollout.stop_tokens:
-            stop_ids.append(builders.single_token_id(self.tokenizer, s, "rollout.stop_tokens"))
-        stop_ids = list(dict.fromkeys(stop_ids))
-        builders.ensure_pad_token(self.tokenizer, stop_ids)
-
-        # Prompts, chat messages rendered with the chat template; each rank takes its own shard of every
-        # iteration's global batch.
-        if prompt_rows is not None:
-            prompts.check_prompt_rows(list(prompt_rows), cfg.data.prompt_column, source="`prompt_rows`")
-        self.prompt_rows, self.chat_prompts = prompts.render_prompts(
-            list(prompt_rows) if prompt_rows is not None else pre.prompt_rows, cfg.data.prompt_column,
-            cfg.data.chat_template, self.tokenizer)
-        max_pos = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
-        prompts.check_prompt_lengths(self.prompt_rows, cfg.data.prompt_column, self.tokenizer,
-                                      max_prompt_tokens=max_pos - cfg.rollout.max_new_tokens,
-                                      add_special_tokens=not self.chat_prompts)
-        self.eval_rows = None
-        if pre.eval_rows is not None:
-            self.eval_rows, chat = prompts.render_prompts(pre.eval_rows, cfg.data.prompt_column, cfg.data.chat_template,
-                                                         self.tokenizer)
-            if chat != self.chat_prompts:
-                raise ConfigError("`data.eval_prompts` and `data.prompts` hold different kinds of prompts (plain text "
-                                  "and chat messages); use one kind")
-            prompts.check_prompt_lengths(self.eval_rows, cfg.data.prompt_column, self.tokenizer,
-                                          max_prompt_tokens=max_pos - cfg.rollout.max_new_tokens,
-                                          add_special_tokens=not self.chat_prompts)
+    def _build_prompts(self, pre, prompt_rows, policy_lm: nn.Module) -> None:
+        """The training and held-out prompts (rendered, checked against the context) and the sampling
+        settings with every stop token; each rank takes its own shard of every iteration (prompts_for)."""
+        cfg = self.cfg
+        given = list(prompt_rows) if prompt_rows is not None else None
+        found = builders.build_prompts(cfg, self.tokenizer, policy_lm, given if given is not None else pre.prompt_rows,
+                                       pre.eval_rows, given=given is not None)
+        self.prompt_rows, self.eval_rows, self.chat_prompts = found.rows, found.eval_rows, found.chat
         self.sampling = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=tuple(stop_ids),
+            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=found.stop_ids,
             min_new_tokens=cfg.rollout.min_new_tokens,
         )
 
-        # Optimisers, schedules, KL controller, RNG streams: everything a checkpoint restores.
+    def _build_training_state(self, terms: list[RewardTerm]) -> None:
+        """Optimisers, schedules, KL controller, RNG streams: everything a checkpoint restores; the frozen
+        models sharded under FSDP."""
+        cfg, a = self.cfg, self.cfg.algo
         self.kl_ctl = (
             AdaptiveKLController(a.kl_coef, a.adaptive_kl_target, a.adaptive_kl_horizon)
             if a.adaptive_kl_target is not None else FixedKLController(a.kl_coef)
@@ -161,7 +165,6 @@ class PPOTrainer:
         self.state = TrainState()
         self.run_state = RunState(self.learner, self.tokenizer, self.kl_ctl,
                                   RngStreams(self.sample_gen, self.shuffle_gen), self.state)
-        console.say(console.banner(self))
 
     # ------------------------------------------------------------------------------------------
     def prompts_for(self, iteration: int) -> list[dict]:
@@ -180,14 +183,14 @@ class PPOTrainer:
             rows.append(self.prompt_rows[i])
         return rows
 
-    def train_iteration(self, iteration: int) -> dict[str, float]:
-        """One PPO iteration: rollout, then :meth:`learn` from it. Returns the iteration's metrics."""
-        timings: dict[str, float] = {}
-        t_start = time.perf_counter()
-        batch = self.rollout(iteration, timings)
-        return self.learn(batch, iteration, timings, t_start)
+    def train_iteration(self, iteration: int) -> Iteration:
+        """One PPO iteration: rollout, then :meth:`learn` from it. Returns the iteration's metrics and
+        the credit data of its rollout."""
+        timer = Timer()
+        batch = self.rollout(iteration, timer)
+        return self.learn(batch, iteration, timer)
 
-    def rollout(self, iteration: int, timings: dict[str, float] | None = None) -> RolloutBatch:
+    def rollout(self, iteration: int, timer: Timer | None = None) -> RolloutBatch:
         # 1. Rollout: sample with π_old, then score with π_old, π_ref, V_old and the reward.
         cfg = self.cfg
         return collect_rollout(
@@ -195,66 +198,53 @@ class PPOTrainer:
             self.tokenizer, self.prompts_for(iteration), prompt_column=cfg.data.prompt_column,
             sampling=self.sampling, samples_per_prompt=cfg.rollout.samples_per_prompt,
             generator=self.sample_gen, forward_batch_size=cfg.rollout.forward_batch_size,
-            missing_eos_penalty=cfg.rollout.missing_eos_penalty, device=self.device, timings=timings,
+            missing_eos_penalty=cfg.rollout.missing_eos_penalty, device=self.device, timer=timer,
             logp_from_sampler=cfg.rollout.logp_from_sampler, lanes=self.learner.lanes,
             add_special_tokens=not self.chat_prompts,
         )
 
-    def learn(
-        self, batch: RolloutBatch, iteration: int, timings: dict[str, float] | None = None,
-        t_start: float | None = None,
-    ) -> dict[str, float]:
-        """Steps 2–5 on this rank's share of a rollout; statistics are global over ranks."""
+    def learn(self, batch: RolloutBatch, iteration: int, timer: Timer | None = None) -> Iteration:
+        """Steps 2–5 on this rank's share of a rollout; statistics are global over ranks. ``timer``: the
+        one the rollout was timed with (its start is the iteration's)."""
         cfg, a = self.cfg, self.cfg.algo
-        timings = dict(timings or {})
-        timings.setdefault("generate_s", 0.0)
-        timings.setdefault("score_s", 0.0)
-        t_start = time.perf_counter() if t_start is None else t_start
+        timer = timer if timer is not None else Timer()
+        beta = self.kl_ctl.value
+        reward_beta = beta if a.kl_in == "reward" else 0.0
 
         # Checked once here; the algorithm functions below then skip their per-call mask checks.
         mask = batch.response_mask
         check_response_mask(mask)
         with assume_valid_masks():
-            # 2. Shaped reward: r_t = −β·kl_t, plus the score at the last token (KL in the reward),
-            #    or the score alone when the KL is a loss term.
-            t2 = time.perf_counter()
-            beta = self.kl_ctl.value
-            reward_beta = beta if a.kl_in == "reward" else 0.0
-            rewards = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, mask,
-                                    kl_coef=reward_beta, kl_estimator=a.kl_estimator)
-            critic_rewards = None
-            if a.critic_target == "score" and reward_beta > 0:
-                critic_rewards = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, mask, kl_coef=0.0)
+            with timer("advantage_s"):
+                # 2. Shaped reward: r_t = −β·kl_t, plus the score at the last token (KL in the reward),
+                #    or the score alone when the KL is a loss term.
+                rewards = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, mask,
+                                        kl_coef=reward_beta, kl_estimator=a.kl_estimator)
+                critic_rewards = None
+                if a.critic_target == "score" and reward_beta > 0:
+                    critic_rewards = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, mask, kl_coef=0.0)
 
-            # 3. Advantages and critic targets (GAE, or a critic-free estimator).
-            inputs = AdvantageInputs(
-                rewards=rewards, mask=mask, scores=batch.scores, terminated=batch.terminated,
-                values=batch.values_old, bootstrap_values=batch.bootstrap_values,
-                group_size=cfg.rollout.samples_per_prompt, critic_rewards=critic_rewards,
-            )
-            settings = AdvantageSettings(gamma=a.gamma, lam=a.gae_lambda, critic_lam=a.critic_lambda,
-                                         adaptive_lam_alpha=a.adaptive_lambda_alpha)
-            advantages, returns = compute_advantages(a.estimator, inputs, settings, all_reduce=dist.all_reduce_sum)
-            raw_advantages = advantages  # before whitening: the credit file shows both
-            if a.estimator == "gae" and a.whiten_advantages:
-                advantages = whiten(advantages, mask, all_reduce=dist.all_reduce_sum)
-            timings["advantage_s"] = time.perf_counter() - t2
+                # 3. Advantages and critic targets (GAE, or a critic-free estimator).
+                inputs = AdvantageInputs(
+                    rewards=rewards, mask=mask, scores=batch.scores, terminated=batch.terminated,
+                    values=batch.values_old, bootstrap_values=batch.bootstrap_values,
+                    group_size=cfg.rollout.samples_per_prompt, critic_rewards=critic_rewards,
+                )
+                settings = AdvantageSettings(gamma=a.gamma, lam=a.gae_lambda, critic_lam=a.critic_lambda,
+                                             adaptive_lam_alpha=a.adaptive_lambda_alpha)
+                advantages, returns = compute_advantages(a.estimator, inputs, settings,
+                                                         all_reduce=dist.all_reduce_sum)
+                raw_advantages = advantages  # as the estimator returned them: the credit file shows both
+                if a.estimator == "gae" and a.whiten_advantages:
+                    advantages = whiten(advantages, mask, all_reduce=dist.all_reduce_sum)
 
             # 4. K epochs of minibatch updates on the fixed rollout.
-            t4 = time.perf_counter()
-            upd = ppo_update(self.learner, batch.with_targets(advantages, returns), cfg, self.shuffle_gen,
-                             train_policy=iteration > cfg.optim.critic_warmup_iterations,
-                             kl_coef=beta if a.kl_in == "loss" else 0.0,
-                             nonfinite_in_row=self.state.nonfinite_in_row)
-            timings["update_s"] = time.perf_counter() - t4
-        self.state.nonfinite_in_row = upd.nonfinite_in_row
-        self.state.nonfinite_total += upd.skipped
-        if upd.nonfinite_max_in_row >= cfg.optim.max_nonfinite_in_row:
-            raise NonFiniteLossError(
-                f"{upd.nonfinite_max_in_row} consecutive minibatch updates had a non-finite loss or gradient "
-                f"(iteration {iteration}; `optim.max_nonfinite_in_row`={cfg.optim.max_nonfinite_in_row}): lower "
-                "the learning rates or check the reward scale"
-            )
+            with timer("update_s"):
+                upd = ppo_update(self.learner, batch.with_targets(advantages, returns), cfg, self.shuffle_gen,
+                                 train_policy=iteration > cfg.optim.critic_warmup_iterations,
+                                 kl_coef=beta if a.kl_in == "loss" else 0.0,
+                                 nonfinite_in_row=self.state.nonfinite_in_row)
+        self._count_nonfinite(upd, iteration)
 
         # 5. Diagnostics over the global batch, then the KL controller sees this batch's KL.
         metrics = rollout_metrics(batch, rewards, advantages, returns, beta=beta, kl_estimator=a.kl_estimator,
@@ -266,18 +256,32 @@ class PPOTrainer:
         if upd.lr_critic is not None:
             metrics["lr_critic"] = upd.lr_critic
         metrics["nonfinite_skipped_total"] = float(self.state.nonfinite_total)
-        n_episodes = batch.size * self.world
-        self.kl_ctl.update(metrics["ref_kl"], n_episodes)
-        timings["iteration_s"] = time.perf_counter() - t_start
+        self.kl_ctl.update(metrics["ref_kl"], batch.size * self.world)
+        metrics.update(self._throughput(timer, mask, batch.size * self.world))
+        targets = credit.CreditTargets(rewards, raw_advantages, advantages, returns, reward_beta)
+        return Iteration(metrics, batch, targets)
+
+    def _count_nonfinite(self, upd: UpdateResult, iteration: int) -> None:
+        """Skipped minibatch steps into the run's state; too many in a row stop the run."""
+        self.state.nonfinite_in_row = upd.nonfinite_in_row
+        self.state.nonfinite_total += upd.skipped
+        limit = self.cfg.optim.max_nonfinite_in_row
+        if upd.nonfinite_max_in_row >= limit:
+            raise NonFiniteLossError(
+                f"{upd.nonfinite_max_in_row} consecutive minibatch updates had a non-finite loss or gradient "
+                f"(iteration {iteration}; `optim.max_nonfinite_in_row`={limit}): lower "
+                "the learning rates or check the reward scale"
+            )
+
+    def _throughput(self, timer: Timer, mask: Tensor, n_episodes: int) -> dict[str, float]:
+        """The iteration's phase timings and rates (tokens over the global batch)."""
+        s = {"generate_s": 0.0, "score_s": 0.0, **timer.seconds, "iteration_s": timer.since_start()}
         tokens = float(dist.all_reduce_sum(mask.sum().float()))
-        timings["rollout_tokens_per_s"] = tokens / max(timings["generate_s"], 1e-9)
-        timings["update_tokens_per_s"] = tokens * cfg.optim.epochs / max(timings["update_s"], 1e-9)
-        timings["episodes_per_s"] = n_episodes / max(timings["iteration_s"], 1e-9)
-        timings["rollout_s"] = timings["generate_s"] + timings["score_s"]
-        metrics.update(timings)
-        self._last_batch = batch
-        self._last_targets = credit.CreditTargets(rewards, raw_advantages, advantages, returns, reward_beta)
-        return metrics
+        s["rollout_tokens_per_s"] = tokens / max(s["generate_s"], 1e-9)
+        s["update_tokens_per_s"] = tokens * self.cfg.optim.epochs / max(s["update_s"], 1e-9)
+        s["episodes_per_s"] = n_episodes / max(s["iteration_s"], 1e-9)
+        s["rollout_s"] = s["generate_s"] + s["score_s"]
+        return s
 
     def evaluate(self, iteration: int) -> dict[str, float]:
         """Held-out evaluation (``data.eval_prompts``): greedy, or ``log.eval_samples`` samples per prompt
@@ -285,7 +289,7 @@ class PPOTrainer:
         takes a share of the prompts; the sampling generator is a fixed function of the seed and the
         iteration, so evaluating never moves the training's random streams."""
         cfg, k = self.cfg, self.cfg.log.eval_samples
-        t0 = time.perf_counter()
+        timer = Timer()
         params = dataclasses.replace(self.sampling, temperature=0.0) if k == 1 else self.sampling
         gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + 700 + iteration * 1009 + self.rank)
         rows = self.eval_rows[self.rank :: self.world]
@@ -298,7 +302,7 @@ class PPOTrainer:
         totals = torch.tensor([out["eval_score"] * len(rows), out.get("eval_pass_at_k", 0.0) * len(rows),
                                float(len(rows))], dtype=torch.double)
         s_score, s_pass, n = dist.all_reduce_sum(totals).tolist()
-        metrics = {"eval_score": s_score / n, "eval_s": time.perf_counter() - t0}
+        metrics = {"eval_score": s_score / n, "eval_s": timer.since_start()}
         if k > 1:
             metrics["eval_pass_at_k"] = s_pass / n
         return metrics
@@ -353,9 +357,9 @@ class PPOTrainer:
             for name in ("metrics.jsonl", "samples.jsonl", credit.CREDIT_FILE):
                 truncate_jsonl(self.output_dir / name, -1)
         if dist.is_main():
-            dump_yaml(self.config, self.output_dir / "config.yaml")
+            dump_yaml(self.recorded_config, self.output_dir / "config.yaml")
         logger = MetricsLogger(self.output_dir, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
-                               report_to=cfg.log.report_to, run_name=cfg.log.run_name, config=self.config,
+                               report_to=cfg.log.report_to, run_name=cfg.log.run_name, config=self.recorded_config,
                                total=cfg.iterations, print_every=cfg.log.print_every) if dist.is_main() else None
         history = []
         every = cfg.log.eval_every
@@ -367,7 +371,8 @@ class PPOTrainer:
                 if logger:
                     logger.log(0, before)
             for it in range(start + 1, cfg.iterations + 1):
-                metrics = self.train_iteration(it)
+                done = self.train_iteration(it)
+                metrics = done.metrics
                 if self.eval_rows is not None and ((every and it % every == 0) or it == cfg.iterations):
                     metrics.update(self.evaluate(it))
                 if eval_fn is not None and (it % eval_every == 0 or it == cfg.iterations):
@@ -376,8 +381,7 @@ class PPOTrainer:
                 if logger:
                     logger.log(it, metrics)
                 if cfg.log.sample_every and it % cfg.log.sample_every == 0:  # every rank: FSDP forwards are collective
-                    credit.log_samples(logger, it, self._last_batch, self._last_targets, self.policy, self.tokenizer,
-                                       cfg)
+                    credit.log_samples(logger, it, done.batch, done.targets, self.policy, self.tokenizer, cfg)
                 if it == cfg.iterations or (cfg.log.save_every and it % cfg.log.save_every == 0):
                     save_checkpoint(self.run_state, self.output_dir, it, cfg.log.keep_last)
         finally:

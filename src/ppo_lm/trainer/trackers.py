@@ -48,6 +48,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from ..runtime.errors import ConfigError
+from .config_io import flatten
 from .files import atomic_write_text
 
 STATE_FILE = "trackers.json"
@@ -127,18 +128,6 @@ def _finite(metrics: Mapping[str, Any]) -> dict[str, float]:
             continue
         if math.isfinite(f):
             out[k] = f
-    return out
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"model": {"policy": "x"}}`` → ``{"model.policy": "x"}``; lists and other values as they are."""
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
     return out
 
 

@@ -1,17 +1,16 @@
-"""Step 4 of the loop (docs/algorithm.md §1.4): K epochs × minibatches × micro-batches of PPO updates on a fixed
-rollout, read top to bottom in :func:`ppo_update`.
+"""Step 4 of the loop (docs/algorithm.md §1.4): K epochs × minibatches × micro-batches of PPO updates on a
+fixed rollout, read top to bottom in :func:`ppo_update`.
 
-Per micro-batch: forward, objective (:func:`~ppo_lm.algorithms.ppo_objective`), backward; per
-minibatch: clip the gradients and step. How a forward/backward over rows is executed (CPU lanes,
-:mod:`ppo_lm.runtime.lanes`) and how gradients meet across ranks (DDP/FSDP, :mod:`ppo_lm.models.sharding`)
-sit behind the calls the loop makes, as one forward/backward would.
+Per micro-batch: forward, objective (:func:`~ppo_lm.algorithms.ppo_objective`), backward
+(:meth:`Learner.backward <ppo_lm.trainer.learner.Learner.backward>`); per minibatch: clip the
+gradients and step. How the rows of a micro-batch are run (side by side on a multi-core CPU) and how
+gradients meet across ranks (DDP/FSDP) sit behind
+:meth:`Learner.accumulate <ppo_lm.trainer.learner.Learner.accumulate>`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -23,9 +22,8 @@ from ..models.actor_critic import packs_sequences
 from ..models.hf_compat import checkpointing_on
 from ..rollout.batch import UpdateBatch, agreed_length_groups
 from ..runtime import distributed as dist
-from ..runtime.lanes import Backward
 from ..runtime.memory import release_free_memory
-from .config import TrainConfig
+from .config import OptimConfig, TrainConfig
 from .learner import Learner
 
 
@@ -44,20 +42,9 @@ class UpdateResult(NamedTuple):
     nonfinite_max_in_row: int
 
 
-@dataclass(frozen=True)
-class _Step:
-    """What a forward/backward over some rows of one minibatch needs besides the rows."""
+class RowsResult(NamedTuple):
+    """What a forward/backward over some rows gives the minibatch's statistics."""
 
-    objective: ObjectiveSettings
-    denominator: Tensor  # the minibatch's loss units over all its micro-batches, ÷ world (DDP averages)
-    temperature: float
-    train_policy: bool
-    shared_values: bool  # the policy's value head gives the values
-    separate_values: bool  # a separate critic gives them
-    want_entropy: bool
-
-
-class _RowsResult(NamedTuple):
     finite: bool
     stats: UpdateStats
     units: float  # what the losses are means over (tokens, or responses for the seq-mean modes)
@@ -91,35 +78,67 @@ def micro_batches(mb_idx: Tensor, batch: UpdateBatch, size: int, *, packed: bool
     return [mb_idx[g] for g, _ in agreed_length_groups(lengths, size, prompt_width=batch.prompt_width)]
 
 
-def forward_backward(learner: Learner, batch: UpdateBatch, st: _Step, rows: Tensor, backward: Backward) -> _RowsResult:
-    """Forward, objective and backward on ``rows`` of ``batch``: the policy's (with a shared critic's
-    value loss), then a separate critic's — one after the other, so the policy's activations are
-    freed before the critic's forward."""
-    mb = batch.select(rows)
-    m = mb.response_mask
-    P, units, tokens = mb.prompt_width, loss_units(m, st.objective.loss_agg), float(m.sum())
+def minibatch_count(mask: Tensor, loss_agg: str) -> float:
+    """What each rank divides its summed losses by: the minibatch's loss units over all its
+    micro-batches and ranks, ÷ world (DDP and FSDP average the ranks' gradients)."""
+    units = dist.all_reduce_sum(torch.tensor(loss_units(mask, loss_agg), dtype=torch.float64))
+    return max(float(units), 1.0) / dist.world_size()
+
+
+def forward_backward(learner: Learner, mb: UpdateBatch, objective: ObjectiveSettings, count: float, *,
+                     train_policy: bool, values_from: str | None, temperature: float,
+                     with_entropy: bool) -> RowsResult:
+    """Forward, objective and backward on the rows ``mb`` of a minibatch: the policy's (with a shared
+    critic's value loss, ``values_from`` "policy"), then a separate critic's (``values_from``
+    "critic") — one after the other, so the policy's activations are freed before the critic's
+    forward. Each loss is the rows' sum over loss units ÷ ``count`` (:func:`minibatch_count`), so the
+    gradients summed over every call of the minibatch are exactly the whole minibatch's."""
+    m, P = mb.response_mask, mb.prompt_width
     finite, stats = True, UpdateStats()
-    if st.train_policy or st.shared_values:
+    if train_policy or values_from == "policy":
         out = learner.policy_fwd(
-            mb.input_ids, mb.attention_mask, P, temperature=st.temperature,
-            with_entropy=st.want_entropy and st.train_policy, entropy_grad=st.objective.entropy_coef > 0,
-            with_values=st.shared_values,
+            mb.input_ids, mb.attention_mask, P, temperature=temperature,
+            with_entropy=with_entropy and train_policy, entropy_grad=objective.entropy_coef > 0,
+            with_values=values_from == "policy",
         )
         policy_terms = dict(logp=out["logp"], logp_old=mb.logp_old, advantages=mb.advantages, logp_ref=mb.logp_ref,
-                            entropy=out.get("entropy")) if st.train_policy else {}
+                            entropy=out.get("entropy")) if train_policy else {}
         value_terms = dict(values=out["values"][:, :-1], values_old=mb.values_old,
-                           returns=mb.returns) if st.shared_values else {}
-        loss, stats = ppo_objective(m, st.objective, denominator=st.denominator, **policy_terms, **value_terms)
+                           returns=mb.returns) if values_from == "policy" else {}
+        loss, stats = ppo_objective(m, objective, **policy_terms, **value_terms)
         finite = bool(torch.isfinite(loss))
-        backward(loss, learner.policy_grad_params)
-    if st.separate_values:
+        learner.backward(loss / count, learner.policy_grad_params)
+    if values_from == "critic":
         values = learner.critic_fwd(mb.input_ids, mb.attention_mask, P)
-        loss, critic_stats = ppo_objective(m, st.objective, denominator=st.denominator, values=values[:, :-1],
-                                           values_old=mb.values_old, returns=mb.returns)
+        loss, critic_stats = ppo_objective(m, objective, values=values[:, :-1], values_old=mb.values_old,
+                                           returns=mb.returns)
         finite = finite and bool(torch.isfinite(loss))
-        backward(loss, learner.critic_params)
+        learner.backward(loss / count, learner.critic_params)
         stats.value_loss, stats.value_clip_frac = critic_stats.value_loss, critic_stats.value_clip_frac
-    return _RowsResult(finite, stats, units, tokens)
+    return RowsResult(finite, stats, loss_units(m, objective.loss_agg), float(m.sum()))
+
+
+def clip_and_step(learner: Learner, o: OptimConfig, finite: bool, *, train_policy: bool,
+                  train_critic: bool) -> tuple[bool, UpdateStats]:
+    """Step 4b: clip the gradients and step the optimisers — unless a loss or gradient norm is
+    non-finite on any rank; then zero the gradients. Returns whether the step was applied and the
+    gradient norms (of the all-reduced gradients, so every rank sees the same ones; a finite loss can
+    still have a non-finite gradient, which clipping would spread to every weight)."""
+    finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)) == 0)
+    norms = UpdateStats()
+    if finite:
+        if train_policy:
+            norms.grad_norm_actor = sharding.clip_grad_norm(learner.actor_params, o.max_grad_norm)
+        if train_critic:
+            norms.grad_norm_critic = sharding.clip_grad_norm(learner.critic_params, o.max_grad_norm)
+        finite = all(math.isfinite(v) for _, v in norms.items())
+    if finite:
+        if train_policy:
+            learner.actor_opt.step()
+        if train_critic:
+            learner.critic_opt.step()
+    learner.zero_grad()
+    return finite, norms
 
 
 def ppo_update(
@@ -145,11 +164,12 @@ def ppo_update(
     B, P = batch.size, batch.prompt_width
     mb_size = B // o.num_minibatches
     lengths = batch.response_mask.sum(1)
-    has_critic = batch.values_old is not None and bool(learner.critic_params)
-    packed = packs_sequences(learner.policy) and (learner.critic is None or packs_sequences(learner.critic))
     objective = objective_settings(cfg, kl_coef)
-    shared_values = has_critic and learner.policy.value_head is not None
-    separate_values = has_critic and learner.policy.value_head is None
+    values_from = None
+    if batch.values_old is not None and learner.critic_params:
+        values_from = "policy" if learner.policy.value_head is not None else "critic"
+    train_critic = values_from is not None and learner.critic_opt is not None
+    packed = packs_sequences(learner.policy) and (learner.critic is None or packs_sequences(learner.critic))
     stats, skipped, in_row, max_in_row = StatsAggregator(), 0, nonfinite_in_row, nonfinite_in_row
     lr_actor = lr_critic = None
 
@@ -162,46 +182,29 @@ def ppo_update(
                 mb_idx = perm[k * mb_size : (k + 1) * mb_size]
 
                 # 4a. Forward, objective and backward, micro-batch by micro-batch, into .grad.
-                count = dist.all_reduce_sum(torch.tensor(loss_units(batch.response_mask[mb_idx], a.loss_agg),
-                                                         dtype=torch.float64))
-                st = _Step(objective, count / dist.world_size(), cfg.rollout.temperature or 1.0, train_policy,
-                           shared_values, separate_values,
-                           want_entropy=a.entropy_coef > 0 or epoch == 0)  # the diagnostic: first epoch only
+                count = minibatch_count(batch.response_mask[mb_idx], a.loss_agg)
+
+                def rows_forward_backward(rows: Tensor, count=count, first_epoch=epoch == 0) -> RowsResult:
+                    return forward_backward(learner, batch.select(rows), objective, count,
+                                            train_policy=train_policy, values_from=values_from,
+                                            temperature=cfg.rollout.temperature or 1.0,
+                                            with_entropy=a.entropy_coef > 0 or first_epoch)  # a diagnostic: epoch 1
+
                 mb_stats, finite = StatsAggregator(), True
                 micro = micro_batches(mb_idx, batch, o.micro_batch_size, packed=packed)
                 for j, rows in enumerate(micro):
                     # gradients meet across ranks once per minibatch, on its last micro-batch
-                    with sharding.no_sync(learner.policy_fwd, learner.critic_fwd, skip=j < len(micro) - 1):
-                        results = learner.lanes.backward_rows(partial(forward_backward, learner, batch, st), rows,
-                                                              lengths[rows], P)
-                    for r in results:
+                    for r in learner.accumulate(rows_forward_backward, rows, lengths[rows], P,
+                                                sync=j == len(micro) - 1):
                         # A non-finite loss still ran backward, so every rank took part in the same
-                        # gradient all-reduces; the minibatch's gradient is discarded below.
+                        # gradient all-reduces; the minibatch's gradient is discarded in 4b.
                         finite = finite and r.finite
                         mb_stats.add(r.stats, units=r.units, tokens=r.tokens)
 
-                # 4b. Clip and step — unless a loss or gradient norm is non-finite on any rank. The
-                # norms are of the all-reduced gradients, so every rank sees the same ones; a finite
-                # loss can still have a non-finite gradient, which clipping would spread to every weight.
-                finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)) == 0)
-                norms = UpdateStats()
-                if finite:
-                    if train_policy:
-                        norms.grad_norm_actor = sharding.clip_grad_norm(learner.actor_params, o.max_grad_norm)
-                    if learner.critic_opt is not None and has_critic:
-                        norms.grad_norm_critic = sharding.clip_grad_norm(learner.critic_params, o.max_grad_norm)
-                    finite = all(math.isfinite(v) for _, v in norms.items())
-                if finite:
-                    if train_policy:
-                        learner.actor_opt.step()
-                    if norms.grad_norm_critic is not None:
-                        learner.critic_opt.step()
-                learner.actor_opt.zero_grad(set_to_none=True)
-                if learner.critic_opt:
-                    learner.critic_opt.zero_grad(set_to_none=True)
-                if not finite:
-                    # A skipped step leaves no statistics (it changed nothing); the decision is the
-                    # same on every rank.
+                # 4b. Clip and step — or skip the minibatch on every rank (it leaves no statistics).
+                applied, norms = clip_and_step(learner, o, finite, train_policy=train_policy,
+                                               train_critic=train_critic)
+                if not applied:
                     skipped, in_row = skipped + 1, in_row + 1
                     max_in_row = max(max_in_row, in_row)
                     continue
@@ -214,7 +217,7 @@ def ppo_update(
                 if train_policy:
                     lr_actor = learner.actor_opt.param_groups[0]["lr"]
                     learner.actor_sched.step()
-                if learner.critic_sched is not None and has_critic:
+                if train_critic:
                     lr_critic = learner.critic_opt.param_groups[0]["lr"]
                     learner.critic_sched.step()
 
