@@ -305,3 +305,25 @@ def test_target_modules_by_name_adapt_only_those(tmp_path):
     adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _ in tr.policy.lm.named_parameters()
                if lora.is_adapter_key(n)}
     assert adapted == {"q_proj", "v_proj"}
+
+
+def test_adapter_dropout_with_gradient_checkpointing_trains_and_recomputes_the_same_masks(tmp_path, monkeypatch):
+    """The backward's recompute of a checkpointed layer sees the adapters' dropout as the forward did:
+    on, with the same masks (the checkpoint restores the random state), so the run neither crashes on
+    a different count of saved tensors nor trains on other gradients than without checkpointing."""
+    from ppo_lm.models import actor_critic
+
+    # both runs on transformers' forward (checkpointing takes it anyway): the lean one packs the rows
+    # and orders the adapters' dropout calls its own way, so its masks are other draws
+    monkeypatch.setattr(actor_critic.lean_support, "supported", lambda body: False)
+    runs = []
+    for ckpt in (False, True):
+        cfg = _lora_config(tmp_path / str(ckpt), iterations=1, model__gradient_checkpointing=ckpt,
+                           model__lora_dropout=0.1, optim__actor_lr=1e-2, model__cpu_lanes=1)
+        tr = PPOTrainer(cfg, verifier=length_reward)
+        runs.append(tr.train_iteration(1))
+        assert not any(m.training for m in tr.policy.lm.__dict__[lora._DROPOUTS])  # off again after the update
+    a, b = runs
+    for k in ("policy_loss", "value_loss", "grad_norm_actor", "grad_norm_critic"):
+        assert abs(a[k] - b[k]) < 1e-5 * max(1.0, abs(a[k])), k
+    assert a["grad_norm_actor"] > 0

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .hf_compat import trunk
+from .hf_compat import UPDATE_STATE, trunk
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -107,6 +107,9 @@ def add_adapters(model: nn.Module, settings: LoraSettings, *, seed: int = 0, nam
     model.__dict__[_SWITCHES] = {"off": [0], "dropout": [0], "lock": threading.Lock()}
     model.__dict__[_DROPOUTS] = [m for name, m in model.named_modules()
                                  if ".lora_dropout." in name and isinstance(m, nn.Dropout) and m.p > 0]
+    # the dropout stays on through a checkpointed update's backward, whose recomputation must drop as
+    # the forward did (:func:`ppo_lm.models.hf_compat.checkpointing_on`)
+    model.__dict__[UPDATE_STATE] = _update_dropout
     # peft builds its layers in training mode; ppo-lm's models sit in eval mode (no dropout) and the
     # adapters' dropout acts only in forwards that record gradients (:func:`train_dropout`)
     model.eval()
@@ -169,6 +172,12 @@ def train_dropout(model: nn.Module | None, active: bool):
             m.train(on)
 
     return _counted(model, "dropout", switch)
+
+
+def _update_dropout(model: nn.Module):
+    """:func:`train_dropout` on, for every forward of an update and the recomputation of its backward
+    (every forward there records gradients, so none drops where it would not anyway)."""
+    return train_dropout(model, True)
 
 
 # ---- the lean forward's view of a LoRA layer (ppo_lm.models.lean) ----------------------------------
