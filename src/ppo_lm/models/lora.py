@@ -202,25 +202,42 @@ def plain_linear(module: nn.Module) -> nn.Linear | None:
 def delta(module: nn.Module, x: Tensor) -> Tensor | None:
     """What a LoRA layer's active adapters add to its base output for input ``x`` (…, in) → (…, out):
     Σ scaling·B(A(dropout(x))), as peft's forward computes it; None when nothing is added (not a LoRA
-    layer, adapters off)."""
+    layer, adapters off).
+
+    As in peft's forward, ``x`` is cast to the adapter weights' dtype first — a bfloat16/float16 body
+    keeps fp32 adapters (peft's ``autocast_adapter_dtype``), whose matmul would refuse a half-precision
+    input — so the result is in the adapters' dtype: add it to the base output with :func:`plus`, which
+    casts the sum back to the base output's dtype, as peft casts its result."""
     if not is_lora_layer(module) or module.disable_adapters:
         return None
     out = None
     for name in module.active_adapters:
         if name not in module.lora_A:
             continue
+        dtype = module.lora_A[name].weight.dtype
+        if getattr(module, "cast_input_dtype_enabled", True) and x.dtype != dtype:  # (peft's switch for the cast)
+            x = x.to(dtype)
         d = module.lora_B[name](module.lora_A[name](module.lora_dropout[name](x))) * module.scaling[name]
         out = d if out is None else out + d
     return out
 
 
+def plus(y: Tensor, d: Tensor | None) -> Tensor:
+    """A base output ``y`` (…, out) plus an adapters' :func:`delta` ``d`` (…, out) or None: summed in the
+    wider of the two dtypes and cast back to ``y``'s, as peft's forward does (one rounding to a half
+    precision ``y``'s dtype, not one for ``d`` and one for the sum)."""
+    return y if d is None else (y + d).to(y.dtype)
+
+
 def fused_delta(modules: list[nn.Module], x: Tensor) -> Tensor | None:
     """:func:`delta` of several layers that read the same ``x``, concatenated along the output
-    (zeros for layers without adapters), for a fused projection such as q‖k‖v; None when none adds."""
+    (zeros for layers without adapters), for a fused projection such as q‖k‖v; None when none adds.
+    In the adapters' dtype, as :func:`delta`: add it with :func:`plus`."""
     parts = [delta(m, x) for m in modules]
     if all(p is None for p in parts):
         return None
-    return torch.cat([p if p is not None else x.new_zeros(*x.shape[:-1], plain_linear(m).out_features)
+    like = next(p for p in parts if p is not None)
+    return torch.cat([p if p is not None else like.new_zeros(*x.shape[:-1], plain_linear(m).out_features)
                       for p, m in zip(parts, modules)], dim=-1)
 
 
