@@ -112,6 +112,9 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
             raise ConfigError(f"`optim.adam_betas[{i}]` must lie in [0, 1), got {b}")
     if o.max_nonfinite_in_row < 1:
         raise ConfigError(f"`optim.max_nonfinite_in_row` must be >= 1, got {o.max_nonfinite_in_row}")
+    weights = list(cfg.model.reward_weights)
+    if not all(math.isfinite(w) for w in weights):  # one NaN/inf weight makes every score non-finite
+        raise ConfigError(f"`model.reward_weights` must be finite, got {weights}")
     if not 0 <= cfg.model.value_grad_scale <= 1:
         raise ConfigError(f"`model.value_grad_scale` must lie in [0, 1], got {cfg.model.value_grad_scale}")
     _check_lora(cfg)
