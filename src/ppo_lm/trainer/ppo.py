@@ -106,7 +106,7 @@ class PPOTrainer:
                 enable_checkpointing(self.critic.model)
 
         # Stop tokens: EOS, every end-of-turn id of the policy's generation config, and rollout.stop_tokens;
-        # the pad token must be none of them (padding is masked by id).
+        # the pad token must be none of them, for the tokenizer the checkpoints save (builders.ensure_pad_token).
         stop_ids = [self.tokenizer.eos_token_id, *builders.generation_stop_ids(policy_lm)]
         for s in cfg.rollout.stop_tokens:
             stop_ids.append(builders.single_token_id(self.tokenizer, s, "rollout.stop_tokens"))
