@@ -2,6 +2,16 @@
 
 Every advantage estimator has one signature (keyword-only, unused inputs ignored) and returns
 ``(advantages, returns)`` as (B, T) tensors; ``returns`` is None for critic-free estimators.
+
+Loss aggregation by default (``algo.loss_agg: auto`` resolves to :attr:`EstimatorSpec.loss_agg`):
+token-mean for ``gae``, ``grpo``, ``rloo`` and ``reinforce++``; seq-mean-token-sum-norm for
+``dr_grpo``. That is not each paper's own: Shao et al. (2024) average GRPO's loss over each response's
+tokens first, then over responses (seq-mean-token-mean; set ``algo.loss_agg`` to it for the paper's
+form). Token-mean weighs every token alike, so a long response's tokens are not down-weighted (the
+length bias Liu et al. 2025 find in the per-response mean), and it is one normalisation for all four,
+so runs of different estimators differ in their advantages only. Dr. GRPO's seq-mean-token-sum-norm
+(a constant horizon in place of each response's length) is one of the two changes that define it,
+so it comes with the estimator.
 """
 
 from __future__ import annotations
@@ -61,7 +71,9 @@ class EstimatorSpec:
     needs_critic: bool
     needs_groups: bool
     uses_shaped_rewards: bool  # False: built from the scores alone, so a KL in the reward has no effect
-    loss_agg: str = "token-mean"  # the aggregation its paper uses (docs/algorithm.md §3: Dr. GRPO's differs)
+    loss_agg: str = "token-mean"
+    """The ``algo.loss_agg`` that ``auto`` resolves to: token-mean, whatever the estimator's paper used,
+    except where the aggregation is part of the estimator (Dr. GRPO); see the module docstring."""
     advantages_are: str = ""
     """What the estimator's own advantages are, in words (before any whitening by the trainer): the
     credit report labels its ``advantage_raw`` column with it. Empty: nothing more than "its Â"."""

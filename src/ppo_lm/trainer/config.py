@@ -217,8 +217,9 @@ class AlgoConfig:
     """c₂: weight of the entropy bonus −c₂·H[π_θ] in the policy loss (docs/algorithm.md §1.4); 0 = no bonus (the
     entropy is still logged, from the first epoch)."""
     loss_agg: Literal["auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "auto"
-    """How per-token losses become one. auto: token-mean, or the estimator's own (dr_grpo:
-    seq-mean-token-sum-norm, docs/algorithm.md §3)."""
+    """How per-token losses become one. auto: token-mean, or the estimator's own where the aggregation is
+    part of it (dr_grpo: seq-mean-token-sum-norm); GRPO's paper averages per response first
+    (seq-mean-token-mean), which auto does not pick (docs/algorithm.md §3)."""
 
 
 @dataclass
