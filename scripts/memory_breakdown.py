@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.set_num_threads(args.threads)
     if args.no_release:
-        import ppo_lm.runtime.lanes
+        import ppo_lm.runtime.memory
 
         ppo_lm.runtime.memory._TRIM = None
     sampler = Sampler()

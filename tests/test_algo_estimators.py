@@ -537,3 +537,34 @@ def test_registry_bad_input():
         compute_advantages("gae", x, AdvantageSettings(gamma=2.0))
     with pytest.raises(ValueError, match="alpha"):
         compute_advantages("gae", x, AdvantageSettings(adaptive_lam_alpha=0.0))
+
+
+DOCUMENTED_LOSS_AGG = {
+    # mirrors the registry's module docstring and docs/algorithm.md §3: token-mean for all but Dr. GRPO,
+    # whose seq-mean-token-sum-norm is part of the estimator; not GRPO's paper's seq-mean-token-mean
+    "gae": "token-mean",
+    "grpo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+    "rloo": "token-mean",
+    "reinforce++": "token-mean",
+}
+
+
+def test_each_estimators_default_loss_aggregation_is_the_documented_one():
+    """The registry's defaults, what ``algo.loss_agg: auto`` resolves to, and the table of docs/algorithm.md
+    §3 agree; and the registry no longer says that each default is its paper's (GRPO's is not)."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from ppo_lm.algorithms import registry
+    from ppo_lm.trainer.config import AlgoConfig
+    from ppo_lm.trainer.validate import resolve_algo
+
+    assert {n: s.loss_agg for n, s in registry.ADVANTAGE_ESTIMATORS.items()} == DOCUMENTED_LOSS_AGG
+    assert {n: resolve_algo(AlgoConfig(estimator=n)).loss_agg for n in DOCUMENTED_LOSS_AGG} == DOCUMENTED_LOSS_AGG
+    doc = (Path(__file__).parents[1] / "docs" / "algorithm.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `([a-z_+]+)` \| \w+ \| \w+ \| ([a-z-]+) \|$", doc, re.M))
+    assert rows == DOCUMENTED_LOSS_AGG
+    source = inspect.getsource(registry)
+    assert "its paper uses" not in source and "seq-mean-token-mean" in registry.__doc__

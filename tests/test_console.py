@@ -95,6 +95,28 @@ def test_score_spread_and_equal_groups_are_logged(tmp_path, samples):
         assert "equal_score_groups_frac" not in m
 
 
+def test_score_and_advantage_spreads_keep_their_precision_far_from_zero():
+    """score_std and advantage_std are population stds computed in two passes: scores near 1e4 with a
+    spread of 0.01 (fp32, as a rollout holds them) get their spread, where E[x²] − mean² cancels to
+    noise (or to 0 by the clamp)."""
+    from ppo_lm.rollout.batch import RolloutBatch
+    from ppo_lm.trainer.diagnostics import rollout_metrics
+
+    g = torch.Generator().manual_seed(0)
+    B, T = 64, 5
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[::3, 3:] = False  # some shorter responses
+    scores = 1e4 + 0.01 * torch.randn(B, generator=g)
+    advantages = (1e4 + 0.01 * torch.randn(B, T, generator=g)).where(mask, 0)
+    zeros = torch.zeros(B, T)
+    batch = RolloutBatch(input_ids=torch.zeros(B, 2 + T, dtype=torch.long), attention_mask=torch.ones(B, 2 + T),
+                         prompt_width=2, response_mask=mask, terminated=torch.ones(B, dtype=torch.bool),
+                         logp_old=zeros, logp_ref=zeros, scores=scores)
+    m = rollout_metrics(batch, zeros, advantages, None, beta=0.0, kl_estimator="k1", samples_per_prompt=1)
+    assert m["score_std"] == pytest.approx(float(scores.double().std(unbiased=False)), rel=1e-3)
+    assert m["advantage_std"] == pytest.approx(float(advantages.double()[mask].std(unbiased=False)), rel=1e-3)
+
+
 def test_identical_scores_warn_once(tmp_path):
     tr = PPOTrainer(tiny_config(tmp_path / "run", iterations=2), verifier=lambda p, r, **c: [0.5] * len(r))
     with warnings.catch_warnings(record=True) as caught:

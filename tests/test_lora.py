@@ -305,3 +305,54 @@ def test_target_modules_by_name_adapt_only_those(tmp_path):
     adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _ in tr.policy.lm.named_parameters()
                if lora.is_adapter_key(n)}
     assert adapted == {"q_proj", "v_proj"}
+
+
+def test_adapter_dropout_with_gradient_checkpointing_trains_and_recomputes_the_same_masks(tmp_path, monkeypatch):
+    """The backward's recompute of a checkpointed layer sees the adapters' dropout as the forward did:
+    on, with the same masks (the checkpoint restores the random state), so the run neither crashes on
+    a different count of saved tensors nor trains on other gradients than without checkpointing."""
+    from ppo_lm.models import actor_critic
+
+    # both runs on transformers' forward (checkpointing takes it anyway): the lean one packs the rows
+    # and orders the adapters' dropout calls its own way, so its masks are other draws
+    monkeypatch.setattr(actor_critic.lean_support, "supported", lambda body: False)
+    runs = []
+    for ckpt in (False, True):
+        cfg = _lora_config(tmp_path / str(ckpt), iterations=1, model__gradient_checkpointing=ckpt,
+                           model__lora_dropout=0.1, optim__actor_lr=1e-2, model__cpu_lanes=1)
+        tr = PPOTrainer(cfg, verifier=length_reward)
+        runs.append(tr.train_iteration(1).metrics)
+        assert not any(m.training for m in tr.policy.lm.__dict__[lora._DROPOUTS])  # off again after the update
+    a, b = runs
+    for k in ("policy_loss", "value_loss", "grad_norm_actor", "grad_norm_critic"):
+        assert abs(a[k] - b[k]) < 1e-5 * max(1.0, abs(a[k])), k
+    assert a["grad_norm_actor"] > 0
+
+
+def test_the_lean_path_runs_fp32_adapters_on_a_bfloat16_model_as_peft_does(monkeypatch):
+    """A half-precision body keeps fp32 adapters (peft's autocast_adapter_dtype): the lean forward
+    casts the projection's input to the adapters' dtype and the sum back, as peft's forward does."""
+    from ppo_lm.models import actor_critic, lean_support
+    from ppo_lm.models.hf_compat import trunk
+
+    tok = build_tokenizer()
+    lm = build_tiny_policy(tok, seed=0, hidden_size=32).to(torch.bfloat16).eval()
+    lora.add_adapters(lm, lora.LoraSettings(r=4, alpha=8), seed=0)
+    _randomise_adapters(lm)
+    adapter_dtypes = {p.dtype for n, p in lm.named_parameters() if lora.is_adapter_key(n)}
+    assert adapter_dtypes == {torch.float32} and lm.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert lean_support.supported(trunk(lm))
+    ids, mask, P = _batch(len(tok))
+    valid = mask[:, P:].bool()
+
+    def logp(lean_path: bool, off: bool = False):
+        monkeypatch.setattr(actor_critic.lean_support, "supported", (lambda body: True) if lean_path else (lambda body: False))
+        with torch.no_grad():
+            module = AdaptersOff(PolicyModel(lm)) if off else PolicyModel(lm)
+            return module(ids, mask, P)["logp"].float().where(valid, 0)
+
+    lean_logp, hf_logp, base = logp(True), logp(False), logp(False, off=True)
+    monkeypatch.undo()
+    assert (hf_logp - base).abs().max() > 0.1  # the adapters act
+    # bf16 tolerance: about one bfloat16 step at the log-probs' magnitude (a few nats)
+    assert torch.allclose(lean_logp, hf_logp, atol=0.05, rtol=0), (lean_logp - hf_logp).abs().max()

@@ -3,10 +3,14 @@ than autograd over the eager ops, with the same outputs and gradients; the alloc
 
 from __future__ import annotations
 
+import platform
+import sys
+
 import pytest
 import torch
 
 from ppo_lm.models import kernels
+from ppo_lm.runtime import memory
 from ppo_lm.runtime.memory import release_free_memory
 
 
@@ -53,5 +57,19 @@ def test_one_side_frozen_and_no_grad():
         assert torch.equal(kernels.swiglu(gate, up), kernels.swiglu_eager(gate, up))
 
 
-def test_release_free_memory_runs():
-    assert release_free_memory() in (True, False)  # (False where malloc_trim does not exist)
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                    reason="malloc_trim is glibc's")
+def test_release_free_memory_finds_malloc_trim_on_glibc():
+    assert memory._TRIM is not None and release_free_memory() is True
+
+
+def test_release_free_memory_is_false_without_malloc_trim(monkeypatch):
+    monkeypatch.setattr(memory, "_TRIM", None)  # not glibc (macOS, musl)
+    assert release_free_memory() is False
+
+
+def test_release_free_memory_trims_every_arena(monkeypatch):
+    """malloc_trim(0): pad 0 leaves only the minimum at the top of the heap (glibc trims every arena)."""
+    calls = []
+    monkeypatch.setattr(memory, "_TRIM", lambda pad: calls.append(pad) or 1)
+    assert release_free_memory() is True and calls == [0]

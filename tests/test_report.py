@@ -4,6 +4,7 @@ every token, hovering one shows its values, and switching the quantity recolours
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -85,6 +86,43 @@ def test_report_errors_are_one_line(run_dir, tmp_path, capsys, case):
     assert main(["report", str(run), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ppo-lm: error: ") and err.count("\n") == 1 and expect in err, err
+
+
+@pytest.mark.parametrize("estimator,whiten,says", [
+    ("gae", True, ["GAE's", "the trainer whitened it into Â"]),
+    ("gae", False, ["GAE's", "used it as is"]),
+    ("grpo", True, ["GRPO's group-normalised score", "used it as is"]),
+    ("dr_grpo", True, ["Dr. GRPO's group-centred score", "used it as is"]),
+    ("rloo", True, ["RLOO's score minus the mean of the prompt's other samples", "used it as is"]),
+    ("reinforce++", True, ["REINFORCE++'s returns-to-go", "already whitened over the batch by the estimator",
+                           "used it as is"]),
+])
+def test_the_raw_advantage_is_labelled_as_what_the_runs_estimator_returned(estimator, whiten, says):
+    """Only GAE's raw column is "before whitening": REINFORCE++ whitens inside the estimator, GRPO and
+    RLOO return group-normalised or centred scores that the trainer does not whiten. Each record says
+    what its column is; the page's label follows it."""
+    import torch
+
+    from ppo_lm.algorithms import get_advantage_estimator
+    from ppo_lm.reporting.report_page import render_page
+    from ppo_lm.rollout.batch import RolloutBatch
+    from ppo_lm.tasks.equations import build_tokenizer
+    from ppo_lm.trainer.config import AlgoConfig
+    from ppo_lm.trainer.credit import PER_TOKEN_KEYS, CreditTargets, credit_records
+    from ppo_lm.trainer.validate import resolve_algo
+
+    B, T = 2, 3
+    zeros = torch.zeros(B, T)
+    batch = RolloutBatch(input_ids=torch.full((B, 1 + T), 5), attention_mask=torch.ones(B, 1 + T), prompt_width=1,
+                         response_mask=torch.ones(B, T, dtype=torch.bool), terminated=torch.ones(B, dtype=torch.bool),
+                         logp_old=zeros, logp_ref=zeros, scores=torch.zeros(B))
+    algo = resolve_algo(AlgoConfig(estimator=estimator, whiten_advantages=whiten))
+    records = credit_records(batch, CreditTargets(zeros, zeros, zeros, None, 0.0), zeros, build_tokenizer(), algo, B)
+    assert all(r["advantage_raw_is"] == get_advantage_estimator(estimator).advantages_are for r in records)
+    page = render_page("run", 1, [1], records, [], [], PER_TOKEN_KEYS)
+    label = html.unescape(re.search(r'<option value="advantage_raw">(.*?)</option>', page).group(1))
+    assert label.startswith("Â as the estimator returned it: ") and "before whitening" not in label
+    assert all(s in label for s in says), label
 
 
 # ------------------------------------------------------------------------------------------------

@@ -85,3 +85,21 @@ def test_reward_list_errors_come_before_any_model(tmp_path, capsys, reward_file)
     (two / "config.json").write_text(json.dumps(cfg))
     assert main([*base, "--model.reward", str(two), *out]) == 2
     assert "has 2 labels; a reward model has one" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_non_finite_reward_weights_are_refused_before_any_model(tmp_path, capsys, monkeypatch, reward_file, bad):
+    """A NaN or infinite weight would make every score non-finite; the run would only stop much later,
+    on non-finite losses, with advice about learning rates."""
+    from ppo_lm.runtime.errors import ConfigError
+    from ppo_lm.trainer import builders
+
+    monkeypatch.setattr(builders, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
+    rc = main(["train", "--iterations", "1", "--log.no-tensorboard", "--output-dir", str(tmp_path / "run"),
+               "--model.reward", f"{reward_file}:sevens,{reward_file}:length", "--model.reward-weights", "1", bad])
+    err = capsys.readouterr().err
+    assert rc == 2 and "`model.reward_weights[1]` must be a finite number, got" in err
+    assert len(err.strip().splitlines()) == 1
+    with pytest.raises(ConfigError, match=r"`model.reward_weights\[0\]` must be a finite number"):  # from Python
+        PPOTrainer(tiny_config(tmp_path / "py", model__reward_weights=[float(bad), 1.0]),
+                   verifier=[count_sevens, length_reward])

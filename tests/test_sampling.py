@@ -112,3 +112,36 @@ def test_sampler_logprobs_equal_the_training_forward(lean_path):
         ref = PolicyModel(lm)(full_ids, full_mask, ids.shape[1], temperature=0.7)["logp"]
     assert float((gen.logprobs - ref).abs()[gen.mask].max()) < 1e-5
     assert bool((gen.logprobs[~gen.mask] == 0).all())
+
+
+def test_a_sampled_pad_token_is_an_ordinary_response_token_counted_by_length():
+    """Nothing masks the pad token's logit (that would sample from another distribution than the one
+    the update scores): a sampled pad inside a response is kept, ends nothing, counts in the
+    response's length (every mask is by length, none by id) and is scored like any other token."""
+    from torch import nn
+
+    from ppo_lm.models.actor_critic import PolicyModel
+
+    lm = _model("qwen2", 2)
+    pad, stops = 0, tuple(range(3, V, 5))
+    head = nn.Linear(lm.lm_head.in_features, V, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(lm.lm_head.weight)
+        head.bias.zero_()
+        head.bias[pad] = 2.0  # the pad token drawn often
+    lm.lm_head = head
+    ids, mask = _prompts(16)
+    gen = generate(lm, ids, mask, SamplingParams(max_new_tokens=8, stop_token_ids=stops), pad_token_id=pad,
+                   generator=torch.Generator().manual_seed(0), return_logprobs=True)
+    lengths = gen.mask.sum(1)
+    inside = (gen.responses == pad) & gen.mask
+    inside[torch.arange(len(lengths)), (lengths - 1).clamp_min(0)] = False  # before each response's last token
+    assert inside.any() and gen.terminated.any()
+    assert torch.equal(gen.mask, torch.arange(gen.mask.shape[1]) < lengths[:, None])  # a prefix: by length
+    is_stop = torch.isin(gen.responses, torch.tensor(stops)) & gen.mask
+    first_stop = torch.where(is_stop.any(1), is_stop.float().argmax(1) + 1, 8)
+    assert torch.equal(lengths, first_stop) and torch.equal(gen.terminated, is_stop.any(1))  # pads end nothing
+    with torch.no_grad():
+        ref = PolicyModel(lm)(torch.cat([ids, gen.responses], 1), torch.cat([mask, gen.mask.long()], 1),
+                              ids.shape[1])["logp"]
+    assert float((gen.logprobs - ref).abs()[inside].max()) < 1e-5

@@ -89,15 +89,15 @@ def test_every_numeric_train_setting_with_a_bound_refuses_a_value_outside_it(tmp
     assert len(found) >= 40
     for name, rule in found:
         bad = (rule.ge - 1 if rule.ge is not None else rule.gt if rule.gt is not None else
-               rule.le + 1 if rule.le is not None else rule.lt)
+               rule.le + 1 if rule.le is not None else rule.lt if rule.lt is not None else float("inf"))
         cfg = TrainConfig(output_dir=str(tmp_path))
         *path, last = name.split(".")
         holder = cfg
         for part in path:
             holder = getattr(holder, part)
         old = getattr(holder, last)
-        setattr(holder, last, (bad, *old[1:]) if isinstance(old, tuple) else int(bad) if isinstance(old, int) else
-                float(bad))
+        setattr(holder, last, (bad, *old[1:]) if isinstance(old, tuple) else [float(bad)] if isinstance(old, list)
+                else int(bad) if isinstance(old, int) else float(bad))
         with pytest.raises(ConfigError, match=f"`{name}(\\[0\\])?` must"):
             validate_config(cfg)
 

@@ -131,8 +131,9 @@ def test_jsonl_prompts_extra_columns_reach_verifier(tmp_path):
 
 
 def test_a_missing_or_stop_token_pad_is_replaced_by_a_free_special_token(tmp_path, capsys):
-    """Most instruct models pad with EOS; padding is masked by id, so a free special token is taken
-    (logged), and with none left the error names `model.pad_token`."""
+    """Most instruct models pad with EOS; the tokenizer the checkpoints save must not pad with a stop
+    token (ppo-lm masks padding by length, tools that read the saved tokenizer by id), so a free special
+    token is taken (logged), and with none left the error names `model.pad_token` and says why."""
     from ppo_lm.tasks.equations import build_tokenizer
 
     tok = build_tokenizer()
@@ -158,7 +159,8 @@ def test_a_missing_or_stop_token_pad_is_replaced_by_a_free_special_token(tmp_pat
         def convert_tokens_to_ids(self, s):
             return 1
 
-    with pytest.raises(ConfigError, match="no free special token.*`model.pad_token`"):
+    with pytest.raises(ConfigError, match="no free special token.*`model.pad_token` to a token of its vocabulary "
+                                          "that is not a stop token .*find padding by id"):
         ensure_pad_token(OnlyEos())
 
 

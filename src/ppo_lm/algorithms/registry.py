@@ -2,6 +2,16 @@
 
 Every advantage estimator has one signature (keyword-only, unused inputs ignored) and returns
 ``(advantages, returns)`` as (B, T) tensors; ``returns`` is None for critic-free estimators.
+
+Loss aggregation by default (``algo.loss_agg: auto`` resolves to :attr:`EstimatorSpec.loss_agg`):
+token-mean for ``gae``, ``grpo``, ``rloo`` and ``reinforce++``; seq-mean-token-sum-norm for
+``dr_grpo``. That is not each paper's own: Shao et al. (2024) average GRPO's loss over each response's
+tokens first, then over responses (seq-mean-token-mean; set ``algo.loss_agg`` to it for the paper's
+form). Token-mean weighs every token alike, so a long response's tokens are not down-weighted (the
+length bias Liu et al. 2025 find in the per-response mean), and it is one normalisation for all four,
+so runs of different estimators differ in their advantages only. Dr. GRPO's seq-mean-token-sum-norm
+(a constant horizon in place of each response's length) is one of the two changes that define it,
+so it comes with the estimator.
 """
 
 from __future__ import annotations
@@ -61,7 +71,12 @@ class EstimatorSpec:
     needs_critic: bool
     needs_groups: bool
     uses_shaped_rewards: bool  # False: built from the scores alone, so a KL in the reward has no effect
-    loss_agg: str = "token-mean"  # the aggregation its paper uses (docs/algorithm.md §3: Dr. GRPO's differs)
+    loss_agg: str = "token-mean"
+    """The ``algo.loss_agg`` that ``auto`` resolves to: token-mean, whatever the estimator's paper used,
+    except where the aggregation is part of the estimator (Dr. GRPO); see the module docstring."""
+    advantages_are: str = ""
+    """What the estimator's own advantages are, in words (before any whitening by the trainer): the
+    credit report labels its ``advantage_raw`` column with it. Empty: nothing more than "its Â"."""
 
 
 def _gae_estimator(
@@ -101,12 +116,20 @@ def _reinforce_pp(x: AdvantageInputs, s: AdvantageSettings, all_reduce: AllReduc
 
 
 ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {
-    "gae": EstimatorSpec(_gae_estimator, needs_critic=True, needs_groups=False, uses_shaped_rewards=True),
-    "grpo": EstimatorSpec(_grpo, needs_critic=False, needs_groups=True, uses_shaped_rewards=False),
+    "gae": EstimatorSpec(_gae_estimator, needs_critic=True, needs_groups=False, uses_shaped_rewards=True,
+                         advantages_are="GAE's Σ_l (γλ)^l·δ_{t+l}"),
+    "grpo": EstimatorSpec(_grpo, needs_critic=False, needs_groups=True, uses_shaped_rewards=False,
+                          advantages_are="GRPO's group-normalised score (s − mean)/std over the prompt's samples, "
+                                         "on every token"),
     "dr_grpo": EstimatorSpec(_dr_grpo, needs_critic=False, needs_groups=True, uses_shaped_rewards=False,
-                             loss_agg="seq-mean-token-sum-norm"),
-    "rloo": EstimatorSpec(_rloo, needs_critic=False, needs_groups=True, uses_shaped_rewards=False),
-    "reinforce++": EstimatorSpec(_reinforce_pp, needs_critic=False, needs_groups=False, uses_shaped_rewards=True),
+                             loss_agg="seq-mean-token-sum-norm",
+                             advantages_are="Dr. GRPO's group-centred score s − mean over the prompt's samples, "
+                                            "on every token"),
+    "rloo": EstimatorSpec(_rloo, needs_critic=False, needs_groups=True, uses_shaped_rewards=False,
+                          advantages_are="RLOO's score minus the mean of the prompt's other samples, on every token"),
+    "reinforce++": EstimatorSpec(_reinforce_pp, needs_critic=False, needs_groups=False, uses_shaped_rewards=True,
+                                 advantages_are="REINFORCE++'s returns-to-go Σ_k γ^(k−t)·r_k, already whitened over "
+                                                "the batch by the estimator itself"),
 }
 
 POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {

@@ -81,6 +81,10 @@ def is_checkpointed(*models: nn.Module | None) -> bool:
                for m in model.modules())
 
 
+UPDATE_STATE = "_ppo_lm_update_state"
+"""Key in a module's ``__dict__`` of ``f(module) -> context manager`` that :func:`checkpointing_on` holds."""
+
+
 @contextlib.contextmanager
 def checkpointing_on(*models: nn.Module | None):
     """Make gradient checkpointing run in a forward/backward of models that sit in eval mode.
@@ -91,9 +95,20 @@ def checkpointing_on(*models: nn.Module | None):
     MLP, dropout) stay in eval mode — and zero the dropout rates that some layers read from the model
     config at forward time; everything is put back afterwards. A no-op for models that do not
     checkpoint.
+
+    A module may also hold, under :data:`UPDATE_STATE` in its ``__dict__``, a function that takes the
+    module and returns a context manager: it is entered for the duration too, for state that the
+    module's forwards switch on only while they run and that the backward's recomputation must see
+    as well. LoRA's adapter dropout is one (:func:`ppo_lm.models.lora.add_adapters` registers it): a
+    forward that records gradients switches it on only while it runs, but a checkpointed layer runs
+    again inside ``backward()``, after that forward has returned, and with the dropout off by then the
+    recompute would save other tensors than the forward did (torch's CheckpointError) and compute
+    other activations. Held on, the recompute drops as the forward did, with the same masks, as the
+    checkpoint restores the random state the forward started from.
     """
     modes, rates = [], []
-    for model in (m for m in models if m is not None and is_checkpointed(m)):
+    checkpointed = [m for m in models if m is not None and is_checkpointed(m)]
+    for model in checkpointed:
         for sub in model.modules():
             if vars(sub).get("gradient_checkpointing") is True:
                 modes.append((sub, sub.training))
@@ -105,7 +120,10 @@ def checkpointing_on(*models: nn.Module | None):
     for config, k, _ in rates:
         setattr(config, k, 0.0)
     try:
-        yield
+        with contextlib.ExitStack() as held:
+            for sub in (s for model in checkpointed for s in model.modules() if UPDATE_STATE in vars(s)):
+                held.enter_context(vars(sub)[UPDATE_STATE](sub))
+            yield
     finally:
         for sub, training in modes:
             sub.training = training

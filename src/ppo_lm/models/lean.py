@@ -51,9 +51,7 @@ from .onednn import linear
 def _proj(module: nn.Module, x: Tensor) -> Tensor:
     """A projection (``nn.Linear``, or a LoRA layer: its frozen base plus its adapters' output)."""
     base = lora.plain_linear(module)
-    y = linear(x, base.weight, base.bias)
-    d = lora.delta(module, x)
-    return y if d is None else y + d
+    return lora.plus(linear(x, base.weight, base.bias), lora.delta(module, x))
 
 
 def head(module: nn.Module, h: Tensor) -> Tensor:
@@ -114,10 +112,6 @@ def _fused(linears: list[nn.Module]) -> tuple[Tensor, Tensor | None]:
     w = torch.cat([x.weight for x in bases])
     b = None if bases[0].bias is None else torch.cat([x.bias for x in bases])
     return w, b
-
-
-def _plus(y: Tensor, d: Tensor | None) -> Tensor:
-    return y if d is None else y + d
 
 
 def _separate(module: nn.Module, *names: str) -> list[nn.Module]:
@@ -260,17 +254,17 @@ def forward_hidden(
                 base_q = lora.plain_linear(a.q_proj)
                 wq, bq = base_q.weight, base_q.bias
                 w, b = _fused([a.k_proj, a.v_proj])
-            kv = _plus(linear(x, w, b), lora.fused_delta(_separate(a, "k_proj", "v_proj"), x)).view(B, L, 2 * n_kv, hd)
+            kv = lora.plus(linear(x, w, b), lora.fused_delta(_separate(a, "k_proj", "v_proj"), x)).view(B, L, 2 * n_kv, hd)
             k, v = kv.split([n_kv, n_kv], dim=2)  # split (not slicing): its backward is one cat
             xq = _queries(x, cut, pick)
-            q = _plus(linear(xq, wq, bq), lora.fused_delta(_separate(a, "q_proj"), xq)).view(B, xq.shape[1], n_q, hd)
+            q = lora.plus(linear(xq, wq, bq), lora.fused_delta(_separate(a, "q_proj"), xq)).view(B, xq.shape[1], n_q, hd)
             if q_norm is not None:
                 q, k = _rms(q, q_norm), _rms(k, a.k_norm)
             q = _rotate(q, _queries(cos, cut, pick), _queries(sin, cut, pick))
             k = _rotate(k, cos, sin)
         else:
             w, b = weights[i][:2] if weights is not None else _qkv(a)
-            qkv = _plus(linear(x, w, b), lora.fused_delta(_separate(a, "q_proj", "k_proj", "v_proj"), x))
+            qkv = lora.plus(linear(x, w, b), lora.fused_delta(_separate(a, "q_proj", "k_proj", "v_proj"), x))
             qkv = qkv.view(B, L, n_q + 2 * n_kv, hd)
             if q_norm is None:
                 qk, v = qkv.split([n_q + n_kv, n_kv], dim=2)
@@ -295,7 +289,7 @@ def forward_hidden(
         h = residual + _proj(a.o_proj, out)
         x = _rms(h, layer.post_attention_layernorm)
         if weights is not None:
-            gate, up = _plus(linear(x, weights[i][2]), lora.fused_delta(_separate(m, "gate_proj", "up_proj"), x)).chunk(2, dim=-1)
+            gate, up = lora.plus(linear(x, weights[i][2]), lora.fused_delta(_separate(m, "gate_proj", "up_proj"), x)).chunk(2, dim=-1)
         elif "gate_up_proj" in m._modules:  # Phi-3: one fused projection, gate then up
             gate, up = _proj(m.gate_up_proj, x).chunk(2, dim=-1)
         else:  # with autograd, a fused gate/up would cost a weight cat and a (B, L, 2f) gradient cat

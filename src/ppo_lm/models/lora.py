@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .hf_compat import trunk
+from .hf_compat import UPDATE_STATE, trunk
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -107,6 +107,9 @@ def add_adapters(model: nn.Module, settings: LoraSettings, *, seed: int = 0, nam
     model.__dict__[_SWITCHES] = {"off": [0], "dropout": [0], "lock": threading.Lock()}
     model.__dict__[_DROPOUTS] = [m for name, m in model.named_modules()
                                  if ".lora_dropout." in name and isinstance(m, nn.Dropout) and m.p > 0]
+    # the dropout stays on through a checkpointed update's backward, whose recomputation must drop as
+    # the forward did (:func:`ppo_lm.models.hf_compat.checkpointing_on`)
+    model.__dict__[UPDATE_STATE] = _update_dropout
     # peft builds its layers in training mode; ppo-lm's models sit in eval mode (no dropout) and the
     # adapters' dropout acts only in forwards that record gradients (:func:`train_dropout`)
     model.eval()
@@ -171,6 +174,12 @@ def train_dropout(model: nn.Module | None, active: bool):
     return _counted(model, "dropout", switch)
 
 
+def _update_dropout(model: nn.Module):
+    """:func:`train_dropout` on, for every forward of an update and the recomputation of its backward
+    (every forward there records gradients, so none drops where it would not anyway)."""
+    return train_dropout(model, True)
+
+
 # ---- the lean forward's view of a LoRA layer (ppo_lm.models.lean) ----------------------------------
 def is_lora_layer(module: nn.Module) -> bool:
     return hasattr(module, "lora_A") and hasattr(module, "base_layer")
@@ -193,25 +202,42 @@ def plain_linear(module: nn.Module) -> nn.Linear | None:
 def delta(module: nn.Module, x: Tensor) -> Tensor | None:
     """What a LoRA layer's active adapters add to its base output for input ``x`` (…, in) → (…, out):
     Σ scaling·B(A(dropout(x))), as peft's forward computes it; None when nothing is added (not a LoRA
-    layer, adapters off)."""
+    layer, adapters off).
+
+    As in peft's forward, ``x`` is cast to the adapter weights' dtype first — a bfloat16/float16 body
+    keeps fp32 adapters (peft's ``autocast_adapter_dtype``), whose matmul would refuse a half-precision
+    input — so the result is in the adapters' dtype: add it to the base output with :func:`plus`, which
+    casts the sum back to the base output's dtype, as peft casts its result."""
     if not is_lora_layer(module) or module.disable_adapters:
         return None
     out = None
     for name in module.active_adapters:
         if name not in module.lora_A:
             continue
+        dtype = module.lora_A[name].weight.dtype
+        if getattr(module, "cast_input_dtype_enabled", True) and x.dtype != dtype:  # (peft's switch for the cast)
+            x = x.to(dtype)
         d = module.lora_B[name](module.lora_A[name](module.lora_dropout[name](x))) * module.scaling[name]
         out = d if out is None else out + d
     return out
 
 
+def plus(y: Tensor, d: Tensor | None) -> Tensor:
+    """A base output ``y`` (…, out) plus an adapters' :func:`delta` ``d`` (…, out) or None: summed in the
+    wider of the two dtypes and cast back to ``y``'s, as peft's forward does (one rounding to a half
+    precision ``y``'s dtype, not one for ``d`` and one for the sum)."""
+    return y if d is None else (y + d).to(y.dtype)
+
+
 def fused_delta(modules: list[nn.Module], x: Tensor) -> Tensor | None:
     """:func:`delta` of several layers that read the same ``x``, concatenated along the output
-    (zeros for layers without adapters), for a fused projection such as q‖k‖v; None when none adds."""
+    (zeros for layers without adapters), for a fused projection such as q‖k‖v; None when none adds.
+    In the adapters' dtype, as :func:`delta`: add it with :func:`plus`."""
     parts = [delta(m, x) for m in modules]
     if all(p is None for p in parts):
         return None
-    return torch.cat([p if p is not None else x.new_zeros(*x.shape[:-1], plain_linear(m).out_features)
+    like = next(p for p in parts if p is not None)
+    return torch.cat([p if p is not None else like.new_zeros(*x.shape[:-1], plain_linear(m).out_features)
                       for p, m in zip(parts, modules)], dim=-1)
 
 

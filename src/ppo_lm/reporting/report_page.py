@@ -10,7 +10,7 @@ from pathlib import Path
 
 QUANTITIES: list[tuple[str, str]] = [
     ("advantage", "Â (advantage the update used)"),
-    ("advantage_raw", "Â before whitening"),
+    ("advantage_raw", "Â as the estimator returned it"),  # completed per run by raw_advantage_label
     ("delta", "δ (TD residual)"),
     ("value", "V_old(x_t)"),
     ("kl", "KL (per token, to the reference)"),
@@ -19,6 +19,21 @@ QUANTITIES: list[tuple[str, str]] = [
     ("return", "R̂_t (critic target)"),
 ]
 """The colouring choices, in the select's order: (record key, label)."""
+
+
+def raw_advantage_label(records: list[dict]) -> str:
+    """The select's label of ``advantage_raw`` for one iteration's ``records``: what the run's estimator
+    returned (the records' ``advantage_raw_is``) and whether the trainer whitened it into Â — "before
+    whitening" alone would be wrong for REINFORCE++ (it whitens inside the estimator) and GRPO/RLOO
+    (group-normalised or centred scores, which the trainer does not whiten). Files written before
+    the records carried it get the plain label."""
+    base = dict(QUANTITIES)["advantage_raw"]
+    first = records[0] if records else {}
+    what = first.get("advantage_raw_is")
+    if not isinstance(what, str) or not what:
+        return base
+    after = "; the trainer whitened it into Â" if first.get("whitened") else "; the update used it as is (= Â)"
+    return f"{base}: {what}{after}"
 
 SYMBOLS = {"logp_old": "log π_old", "logp_ref": "log π_ref", "kl": "KL", "reward": "r", "value": "V", "delta": "δ",
            "advantage_raw": "Â raw", "advantage": "Â", "return": "R̂", "ratio": "ratio"}
@@ -130,7 +145,8 @@ def render_page(run_name: str, iteration: int, iterations: list[int], records: l
     """The HTML of the report: ``records`` (one iteration's credit records) as rows of tokens, then
     ``images`` (caption, PNG) inlined. ``keys``: the per-token values the hover card lists."""
     data = {"episodes": records, "keys": list(keys), "symbols": SYMBOLS}
-    options = "".join(f'<option value="{k}">{html.escape(label)}</option>' for k, label in QUANTITIES)
+    labels = {**dict(QUANTITIES), "advantage_raw": raw_advantage_label(records)}
+    options = "".join(f'<option value="{k}">{html.escape(labels[k])}</option>' for k, _ in QUANTITIES)
     others = ", ".join(str(i) for i in iterations)
     figures = "".join(f'<h2>{html.escape(cap)}</h2><img alt="{html.escape(cap)}" src="{data_uri(p)}">'
                       for cap, p in images)

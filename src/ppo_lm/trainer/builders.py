@@ -47,8 +47,9 @@ def is_model_path(spec: str) -> bool:
 
 
 def build_tokenizer(cfg: ModelConfig):
-    """The tokenizer, with a pad token that is neither EOS nor any other stop token (padding is
-    masked by id): ``model.pad_token`` when set, else its own, else a free special token (logged)."""
+    """The tokenizer, with a pad token that is neither EOS nor any other stop token:
+    ``model.pad_token`` when set, else its own, else a free special token (logged). ppo-lm masks padding
+    by length, never by id; :func:`ensure_pad_token` says why the pad token must still be no stop token."""
     source = cfg.tokenizer or cfg.policy
     if source == "builtin":
         from ..tasks.equations import build_tokenizer as builtin
@@ -111,7 +112,16 @@ def ensure_pad_token(tok, stop_ids: list[int] = ()) -> None:
     """Give ``tok`` a pad token that no stop token shares. Most instruct models set pad = EOS; then
     a special token that is not a stop token, not BOS, and not written by the chat template is taken
     (logged), preferring one named like a pad token. Raises :class:`ConfigError` naming
-    ``model.pad_token`` when there is none."""
+    ``model.pad_token`` when there is none.
+
+    Inside ppo-lm every mask is by length (attention masks, response masks, the reward model's last
+    token), never by id: the sampler does not mask the pad token's logit, and a pad token it draws is
+    an ordinary response token, kept, scored and counted. The pad token must still be none of the stop
+    tokens (nor BOS, nor a token the chat template writes) for the users of the tokenizer saved with
+    every checkpoint: tools that find padding by id — transformers' language-modelling collator masks
+    the labels at pad ids, its sequence-classification models score the last token that is not pad —
+    would take the stop token that ends each response for padding (a fine-tuned model would never
+    learn to stop; a reward model would score the token before it)."""
     if tok.eos_token_id is None:
         raise ConfigError("the tokenizer has no EOS token: responses could never terminate")
     stops = {tok.eos_token_id, *stop_ids}
@@ -126,7 +136,8 @@ def ensure_pad_token(tok, stop_ids: list[int] = ()) -> None:
         why = "has no pad token" if tok.pad_token_id is None else f"pads with a stop token ({tok.pad_token!r})"
         raise ConfigError(
             f"the tokenizer {why} and has no free special token to pad with: set `model.pad_token` to a token "
-            "of its vocabulary that responses never contain (padding is masked by id)")
+            "of its vocabulary that is not a stop token (the checkpoints save the tokenizer with it, and tools "
+            "that find padding by id would take the stop token that ends each response for padding)")
     choice = sorted(free, key=lambda s: ("pad" not in s.lower(), s != tok.unk_token))[0]
     was = "no pad token" if tok.pad_token_id is None else f"pad token {tok.pad_token!r}, a stop token"
     console.say(f"tokenizer: {was}; padding with the free special token {choice!r} (id "
@@ -339,7 +350,8 @@ class PromptSet(NamedTuple):
 
 def build_prompts(cfg: TrainConfig, tokenizer, policy_lm: nn.Module, rows: list[dict],
                   eval_rows: list[dict] | None, *, given: bool = False) -> PromptSet:
-    """Stop tokens (and a pad token that is none of them), then the prompt rows — checked when
+    """Stop tokens (and a pad token that is none of them, for the tokenizer the checkpoints save:
+    :func:`ensure_pad_token`), then the prompt rows — checked when
     ``given`` from Python (read rows were checked by the start-up checks) — and the held-out rows,
     their chat messages rendered with the chat template, each prompt checked against the context."""
     stop_ids = [tokenizer.eos_token_id, *generation_stop_ids(policy_lm)]

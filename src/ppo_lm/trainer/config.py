@@ -32,7 +32,7 @@ class ModelConfig:
     'path/to/file.py:function' (a Python verifier `f(prompts, responses, **columns) -> scores`), or a
     path to a one-label AutoModelForSequenceClassification (e.g. the output of `ppo-lm rm`). Several,
     separated by commas: the score is their weighted sum, and each is logged as score/<name>."""
-    reward_weights: list[float] = field(default_factory=list)
+    reward_weights: list[float] = setting(default_factory=list, finite=True)
     """One weight per reward of `model.reward`, in order; empty = 1 for each."""
     gold_reward: str | None = None
     """Optional verifier ('module:function' or 'builtin:equations') scored next to the training reward
@@ -226,8 +226,9 @@ class AlgoConfig:
     """c₂: weight of the entropy bonus −c₂·H[π_θ] in the policy loss (docs/algorithm.md §1.4); 0 = no bonus (the
     entropy is still logged, from the first epoch)."""
     loss_agg: Literal["auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "auto"
-    """How per-token losses become one. auto: token-mean, or the estimator's own (dr_grpo:
-    seq-mean-token-sum-norm, docs/algorithm.md §3)."""
+    """How per-token losses become one. auto: token-mean, or the estimator's own where the aggregation is
+    part of it (dr_grpo: seq-mean-token-sum-norm); GRPO's paper averages per response first
+    (seq-mean-token-mean), which auto does not pick (docs/algorithm.md §3)."""
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The token-level credit file, credit.jsonl (docs/report.md): for the episodes samples.jsonl shows, every
-per-token quantity of steps 1–4 — log-probs, KL, shaped reward, value, TD residual, advantage before and
-after whitening, return, and the ratio after the update — one JSON line per episode, a list per quantity.
+per-token quantity of steps 1–4 — log-probs, KL, shaped reward, value, TD residual, advantage as the
+estimator returned it and as the update used it, return, and the ratio after the update — one JSON line
+per episode, a list per quantity.
 
 ``ppo-lm report`` (:mod:`ppo_lm.reporting.credit_report`) draws it; the file is plain JSON for any other tool too.
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..algorithms import adaptive_lambda, kl_penalty
+from ..algorithms import adaptive_lambda, get_advantage_estimator, kl_penalty
 from ..algorithms.advantages import td_residuals
 from ..rollout.batch import RolloutBatch
 from .config import AlgoConfig, TrainConfig
@@ -72,6 +73,9 @@ def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, t
     the same rows. δ_t is recomputed with :func:`~ppo_lm.algorithms.advantages.td_residuals` — the terms
     GAE accumulates — so Â_raw_t = Σ_l (γλ)^l δ_{t+l} holds on every record of a GAE run.
     """
+    # what the advantage_raw column is differs by estimator (REINFORCE++ whitens inside, GRPO/RLOO centre
+    # per group), so each record says it and the report labels the column from it
+    raw_is = get_advantage_estimator(algo.estimator).advantages_are
     rows = torch.arange(k, device=batch.input_ids.device)
     b = batch.select(rows, trim=False)
     mask = b.response_mask
@@ -113,6 +117,7 @@ def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, t
             "kl_coef": _num(float(targets.kl_coef)),
             "kl_estimator": algo.kl_estimator,
             "whitened": algo.estimator == "gae" and algo.whiten_advantages,
+            "advantage_raw_is": raw_is,
             "token_ids": token_ids,
             "tokens": [tokenizer.decode([t], skip_special_tokens=False) for t in token_ids],
             **{key: _row(per_token[key], i, n) for key in PER_TOKEN_KEYS},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..algorithms import explained_variance, kl_penalty
+from ..algorithms import explained_variance, kl_penalty, masked_mean_var
 from ..rollout.batch import RolloutBatch
 from ..runtime import distributed as dist
 
@@ -26,16 +26,19 @@ def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, re
     sums = torch.stack([
         torch.tensor(float(batch.size)), batch.scores.sum().cpu(), rewards.sum().cpu(), kl.sum().cpu(),
         lengths.sum().cpu(), (~batch.terminated).float().sum().cpu(), mf.sum().cpu(),
-        advantages.where(mask, 0).sum().cpu(), advantages.where(mask, 0).square().sum().cpu(),
-        scores.square().sum(), equal_groups,
+        advantages.where(mask, 0).sum().cpu(), equal_groups,
     ]).double()
-    (n, s_score, s_rew, s_kl, s_len, s_trunc, n_tok, s_adv, s_adv2, s_score2,
-     n_equal) = dist.all_reduce_sum(sums).tolist()
+    n, s_score, s_rew, s_kl, s_len, s_trunc, n_tok, s_adv, n_equal = dist.all_reduce_sum(sums).tolist()
+    # Population stds in two passes (mean, then squared deviations): E[x²] − mean² cancels to noise
+    # when |mean| ≫ std, e.g. scores near a large constant.
+    _, score_var = masked_mean_var(scores.view(-1, 1), torch.ones(batch.size, 1, dtype=torch.bool),
+                                   unbiased=False, all_reduce=dist.all_reduce_sum)
+    _, adv_var = masked_mean_var(advantages.double(), mask, unbiased=False, all_reduce=dist.all_reduce_sum)
     score_max, neg_score_min = dist.all_reduce_max(torch.stack([scores.max(), -scores.min()])).tolist()
     adv_mean, score_mean = s_adv / n_tok, s_score / n
     m = {
         "score": score_mean,
-        "score_std": max(s_score2 / n - score_mean**2, 0.0) ** 0.5,
+        "score_std": float(score_var) ** 0.5,
         "score_min": -neg_score_min,
         "score_max": score_max,
         "shaped_reward": s_rew / n,
@@ -45,7 +48,7 @@ def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, re
         "response_length_max": float(dist.all_reduce_max(lengths.max().cpu())),
         "truncated_frac": s_trunc / n,
         "advantage_mean": adv_mean,
-        "advantage_std": max(s_adv2 / n_tok - adv_mean**2, 0.0) ** 0.5,
+        "advantage_std": float(adv_var) ** 0.5,
     }
     if k > 1:
         m["equal_score_groups_frac"] = n_equal / (n / k)
