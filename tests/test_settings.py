@@ -119,3 +119,23 @@ def test_the_config_choices_are_the_registries():
 
     assert set(typing.get_args(typing.get_type_hints(OptimConfig)["schedule"])) == set(LR_SCHEDULES)
     assert set(typing.get_args(typing.get_type_hints(StageConfig)["schedule"])) == set(LR_SCHEDULES)
+
+
+def test_the_shipped_presets_load_and_validate():
+    """The YAML presets hold only known, valid settings; the demo uses its preset, and the file under
+    examples/ is the one the package ships."""
+    from pathlib import Path
+
+    from ppo_lm.cli.demo import DemoConfig
+    from ppo_lm.presets import preset
+    from ppo_lm.trainer.config_io import load_yaml
+
+    root = Path(__file__).resolve().parents[1]
+    demo = load_yaml(preset("demo_ppo"), TrainConfig)
+    validate_config(demo)
+    assert (demo.iterations, demo.rollout.num_prompts, demo.optim.actor_lr) == (400, 128, 5e-4)
+    assert DemoConfig().ppo == demo
+    assert (root / "examples" / "demo_ppo.yaml").resolve() == preset("demo_ppo").resolve()
+    recipe = load_yaml(root / "examples" / "real_model" / "grpo.yaml", TrainConfig)
+    validate_config(recipe)
+    assert (recipe.algo.estimator, recipe.rollout.samples_per_prompt, recipe.log.report_to) == ("grpo", 8, [])
