@@ -85,6 +85,14 @@ def minibatch_count(mask: Tensor, loss_agg: str) -> float:
     return max(float(units), 1.0) / dist.world_size()
 
 
+def values_source(learner: Learner, batch: UpdateBatch) -> str | None:
+    """Which model gives the update's values: "policy" (a shared critic's value head), "critic" (a
+    separate critic), or None (a critic-free estimator, no values in the batch)."""
+    if batch.values_old is None or not learner.critic_params:
+        return None
+    return "policy" if learner.policy.value_head is not None else "critic"
+
+
 def forward_backward(learner: Learner, mb: UpdateBatch, objective: ObjectiveSettings, count: float, *,
                      train_policy: bool, values_from: str | None, temperature: float,
                      with_entropy: bool) -> RowsResult:
@@ -165,13 +173,13 @@ def ppo_update(
     mb_size = B // o.num_minibatches
     lengths = batch.response_mask.sum(1)
     objective = objective_settings(cfg, kl_coef)
-    values_from = None
-    if batch.values_old is not None and learner.critic_params:
-        values_from = "policy" if learner.policy.value_head is not None else "critic"
+    values_from = values_source(learner, batch)
     train_critic = values_from is not None and learner.critic_opt is not None
     packed = packs_sequences(learner.policy) and (learner.critic is None or packs_sequences(learner.critic))
     stats, skipped, in_row, max_in_row = StatsAggregator(), 0, nonfinite_in_row, nonfinite_in_row
-    lr_actor = lr_critic = None
+    # the rates the last applied steps used (the schedules move only when a step is applied)
+    lr_actor = learner.actor_opt.param_groups[0]["lr"]
+    lr_critic = learner.critic_opt.param_groups[0]["lr"] if learner.critic_opt is not None else None
 
     if batch.input_ids.device.type == "cpu":
         release_free_memory()  # sampling's and scoring's freed temporaries: not resident during the update
@@ -220,10 +228,5 @@ def ppo_update(
                 if train_critic:
                     lr_critic = learner.critic_opt.param_groups[0]["lr"]
                     learner.critic_sched.step()
-
-    if lr_actor is None:
-        lr_actor = learner.actor_opt.param_groups[0]["lr"]
-    if lr_critic is None and learner.critic_opt is not None:
-        lr_critic = learner.critic_opt.param_groups[0]["lr"]
     return UpdateResult(stats.result(all_reduce_sum=dist.all_reduce_sum, all_reduce_max=dist.all_reduce_max),
                         lr_actor, lr_critic, skipped, in_row, max_in_row)
