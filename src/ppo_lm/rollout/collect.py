@@ -138,13 +138,7 @@ def score_rollout(models: RolloutModels, tokenizer, prompt_rows: list[dict], pro
     responses_text = response_texts(tokenizer, gen)
     columns = {k: [row[k] for row in prompt_rows for _ in range(samples_per_prompt)]
                for k in prompt_rows[0] if k != prompt_column}
-    for i, term in enumerate(models.rewards):
-        if term.verifier is not None:
-            term_scores[i] = score_with_verifier(term.verifier, prompts, responses_text, columns).to(device)
-    scores = combine_terms(models.rewards, term_scores)
-    gold = None
-    if models.gold_verifier is not None:
-        gold = score_with_verifier(models.gold_verifier, prompts, responses_text, columns).to(device)
+    scores, gold = verify(models, prompts, responses_text, columns, term_scores, device=device)
     if missing_eos_penalty:
         scores = scores - missing_eos_penalty * (~gen.terminated).float()
 
@@ -169,3 +163,17 @@ def score_rollout(models: RolloutModels, tokenizer, prompt_rows: list[dict], pro
         prompts=prompts,
         responses=responses_text,
     )
+
+
+def verify(models: RolloutModels, prompts: list, responses: list[str], columns: dict[str, list],
+           term_scores: list[Tensor], *, device: torch.device | str) -> tuple[Tensor, Tensor | None]:
+    """The verifiers' scores of the responses into ``term_scores`` (where the reward models' already
+    are, (B,) each), and ``(score, gold score)``: the terms' weighted sum and the gold verifier's
+    (None without one), (B,) each."""
+    for i, term in enumerate(models.rewards):
+        if term.verifier is not None:
+            term_scores[i] = score_with_verifier(term.verifier, prompts, responses, columns).to(device)
+    gold = None
+    if models.gold_verifier is not None:
+        gold = score_with_verifier(models.gold_verifier, prompts, responses, columns).to(device)
+    return combine_terms(models.rewards, term_scores), gold
