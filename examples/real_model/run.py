@@ -115,6 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", type=int, default=50, help="held-out problems (of 155)")
     args, extra = ap.parse_known_args(argv)  # anything else goes to `ppo-lm train` as it is
 
+    from ppo_lm.runtime.errors import ConfigError
+    from ppo_lm.trainer.config import TrainConfig
+    from ppo_lm.trainer.config_io import load_yaml
+
+    try:
+        recipe = load_yaml(args.config, TrainConfig)
+    except ConfigError as e:
+        raise SystemExit(f"[recipe] --config: {e}") from None
+    overrides = []
+    for flag, key, _, _ in RECIPE_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            overrides += [f"--{key}", str(value)]
+
     t0 = time.perf_counter()
     policy = Path(args.policy) if args.policy else find_gguf(install=not args.no_install)
     out = Path(args.output_dir)
@@ -124,18 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         if not {p.name for p in out.iterdir()} <= {"data", "run", "summary.json"}:
             raise SystemExit(f"[recipe] {out} holds files this script did not write; not deleting it")
         shutil.rmtree(out)
-    from ppo_lm.trainer.config import TrainConfig
-    from ppo_lm.trainer.config_io import load_yaml
-
-    recipe = load_yaml(args.config, TrainConfig)
     seed = recipe.seed if args.seed is None else args.seed
     threads = recipe.threads if args.threads is None else args.threads
     train, heldout, n_train, n_test = write_splits(out / "data", args.heldout, seed)
     print(f"[recipe] policy {policy}\n[recipe] {n_train} train / {n_test} held-out prompts in {out / 'data'}",
           flush=True)
 
-    overrides = [x for flag, key, _, _ in RECIPE_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
-                 for x in (f"--{key}", str(getattr(args, flag[2:].replace("-", "_"))))]
     cmd = [sys.executable, "-m", "ppo_lm", "train", "--config", args.config,
            "--model.policy", str(policy),
            "--data.prompts", str(train), "--data.eval-prompts", str(heldout),

@@ -202,9 +202,9 @@ def lanes_for(requested: int, device: torch.device, distributed: bool, *models: 
               hidden: int = 0, checkpointed: bool = False) -> Lanes:
     """The lanes of a run: :func:`resolve_lanes` of ``requested`` (``model.cpu_lanes``), and one lane
     when a trained model uses gradient checkpointing (``checkpointed``: reentrant checkpointing does
-    not support the ``autograd.grad`` lanes use). ``requested`` 0 = auto: :data:`AUTO_LANES`, or one lane when the
-    trained models' gradients exceed :data:`MAX_LANE_GRADIENT_BYTES` (an extra lane's gradient copy
-    and arena then cost more than its gain)."""
+    not support the ``autograd.grad`` lanes use). ``requested`` 0 = auto: :data:`AUTO_LANES`, or one
+    lane when the trained models' gradients exceed :data:`MAX_LANE_GRADIENT_BYTES` (an extra lane's
+    gradient copy and arena then cost more than its gain)."""
     if requested == 0:
         requested = 1 if gradient_bytes(*models) > MAX_LANE_GRADIENT_BYTES else AUTO_LANES
     if checkpointed:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import MISSING, dataclass
 from typing import Any
 
@@ -37,9 +38,8 @@ class Range:
             lo = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}"
             hi = f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})"
             return f"lie in {lo}, {hi}"
-        parts = [f">= {_num(self.ge)}" if self.ge is not None else "", f"> {_num(self.gt)}" if self.gt is not None else "",
-                 f"<= {_num(self.le)}" if self.le is not None else "", f"< {_num(self.lt)}" if self.lt is not None else ""]
-        bound = " ".join(p for p in parts if p)
+        bounds = ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
+        bound = " ".join(f"{op} {_num(v)}" for op, v in bounds if v is not None)
         if self.finite:
             return f"be a finite number {bound}".rstrip()
         return f"be {bound}"
@@ -97,8 +97,6 @@ def check_ranges(cfg: Any, prefix: str = "", error: type[Exception] = ValueError
 def resumable(cls: type, prefix: str = "") -> list[str]:
     """The dotted names of the fields of ``cls`` a resumed run may change (``setting(resume=True)``); a
     whole section as ``"log."``."""
-    import typing
-
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):

@@ -107,9 +107,8 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
 
 
 def make_scheduler(opt: torch.optim.Optimizer, schedule: str, warmup_steps: int, n_steps: int):
-    """:func:`ppo_lm.runtime.optim.lr_schedule` (linear warm-up, then constant, linear or cosine)."""
-    if schedule not in optim.LR_SCHEDULES:
-        raise InputError(f"schedule must be one of {optim.LR_SCHEDULES}, got {schedule!r}")
+    """:func:`ppo_lm.runtime.optim.lr_schedule` (linear warm-up, then constant, linear or cosine; the
+    schedule's name is checked with the stage's settings, :func:`check_stage_config`)."""
     return optim.lr_schedule(opt, schedule, warmup_steps, n_steps)
 
 

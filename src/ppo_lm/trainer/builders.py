@@ -320,8 +320,6 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False) -> l
     if source == "builtin:equations":
         from ..tasks.equations import make_prompts
 
-        if cfg.builtin_num_prompts < 1:
-            raise ConfigError(f"`data.builtin_num_prompts` must be >= 1, got {cfg.builtin_num_prompts}")
         if cfg.prompt_column != "prompt":
             raise ConfigError(f"`data.prompt_column`={cfg.prompt_column!r}: the built-in prompts' column is "
                               f"'prompt' (set `{field}` to your file to use another column)")

@@ -131,9 +131,9 @@ class PPOTrainer:
         """The training and held-out prompts (rendered, checked against the context) and the sampling
         settings with every stop token; each rank takes its own shard of every iteration (prompts_for)."""
         cfg = self.cfg
-        given = list(prompt_rows) if prompt_rows is not None else None
-        found = builders.build_prompts(cfg, self.tokenizer, policy_lm, given if given is not None else pre.prompt_rows,
-                                       pre.eval_rows, given=given is not None)
+        rows = list(prompt_rows) if prompt_rows is not None else pre.prompt_rows
+        found = builders.build_prompts(cfg, self.tokenizer, policy_lm, rows, pre.eval_rows,
+                                       given=prompt_rows is not None)
         self.prompt_rows, self.eval_rows, self.chat_prompts = found.rows, found.eval_rows, found.chat
         self.sampling = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,

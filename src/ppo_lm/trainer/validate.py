@@ -13,8 +13,8 @@ from .config_io import check_types
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 
 def _check_builtin(cfg: TrainConfig) -> None:
-    """The built-in model's shape (the built-in prompt set's sizes are checked where it is loaded: rows
-    passed from Python do not use them)."""
+    """The built-in model's shape: its hidden size splits over its heads (the sizes themselves are
+    their fields' ranges)."""
     m = cfg.model
     if m.policy == "builtin" and m.builtin_hidden_size % (2 * m.builtin_heads):
         raise ConfigError(
