@@ -34,7 +34,8 @@ def test_compare_writes_the_summary_the_table_and_the_curves(tmp_path, monkeypat
     assert list(s["estimators"]) == ["gae", "grpo"]
     # seed-major order: every estimator of a seed before the next seed
     assert [(r["estimator"], r["seed"]) for r in s["runs"]] == [("gae", 0), ("grpo", 0), ("gae", 1), ("grpo", 1)]
-    assert s["settings"]["num_prompts"] * s["settings"]["samples_per_prompt"] == 8
+    # the natural layout at 8 episodes per iteration: one sample of 8 prompts for GAE, groups of 2 for GRPO
+    assert s["settings"]["layouts"] == {"gae": [8, 1], "grpo": [4, 2]} and s["settings"]["layout"] == "natural"
     for r in s["runs"]:
         rows = [json.loads(x) for x in (out / "runs" / f"{r['estimator']}-seed{r['seed']}" / "metrics.jsonl")
                 .read_text().splitlines()]
@@ -52,7 +53,7 @@ def test_compare_writes_the_summary_the_table_and_the_curves(tmp_path, monkeypat
     assert g["accuracy_after"]["std"] == pytest.approx(abs(after[0] - after[1]) / math.sqrt(2))
     md = (out / "summary.md").read_text()
     rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| estimator")]
-    assert [r.split("|")[1].strip() for r in rows] == ["gae", "grpo"]
+    assert [r.split("|")[1:3] for r in rows] == [[" gae ", " 8 × 1 "], [" grpo ", " 4 × 2 "]]
     assert rows[0].endswith("| 3 (policy, reference, critic) |") and rows[1].endswith("| 2 (policy, reference) |")
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "sft" / "model.safetensors").is_file() and (out / "heldout.jsonl").is_file()
@@ -100,7 +101,10 @@ def test_a_run_is_a_fresh_process_with_its_own_peak_rss(tmp_path):
     (["--seeds", "-1"], "--seeds must be >= 0"),
     (["--estimators", ""], "argument --estimators: invalid comma-separated list value: ''"),
     (["--iterations", "0"], "--iterations must be >= 1, got 0"),
-    (["--policy", "nowhere"], "--policy 'nowhere' is not a directory"),
+    (["--policy", "nowhere"], "`model.policy` 'nowhere' does not exist"),
+    (["--episodes", "10", "--group-size", "4"], "--episodes 10 is not a multiple of --group-size 4"),
+    (["--group-size", "1"], "--group-size must be >= 2, got 1"),
+    (["--prompts", "p.jsonl"], "--prompts: a task of your own needs --policy"),
     (["--config", "missing.yaml"], "config file not found: missing.yaml"),
 ])
 def test_compare_errors_are_one_line_before_any_run(tmp_path, capsys, args, message):
@@ -128,3 +132,86 @@ def test_compare_config_is_merged_and_checked_per_estimator(tmp_path, capsys):
     (tmp_path / "ok" / "summary.json").write_text("{}")
     c.overwrite = True
     compare.check_compare(c)  # an earlier comparison's outputs are replaced with --overwrite
+
+
+def test_each_estimator_runs_in_its_layout_at_the_same_episodes_and_common_gives_every_one_groups(tmp_path):
+    c = compare.parse_args(["--estimators", "gae,reinforce++,grpo,rloo,dr_grpo", "--episodes", "96",
+                            "--group-size", "8", "--output-dir", str(tmp_path / "n")])
+    compare.check_compare(c)
+    natural = {e: (r.rollout.num_prompts, r.rollout.samples_per_prompt)
+               for e in c.estimators for r in [compare.run_config(c, e, 0)]}
+    assert natural == {"gae": (96, 1), "reinforce++": (96, 1), "grpo": (12, 8), "rloo": (12, 8), "dr_grpo": (12, 8)}
+    c.layout = "common"
+    assert {(r.rollout.num_prompts, r.rollout.samples_per_prompt)
+            for e in c.estimators for r in [compare.run_config(c, e, 0)]} == {(12, 8)}
+
+
+def test_per_estimator_sections_apply_to_their_estimator_only_and_are_checked(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("optim:\n  epochs: 3\nper_estimator:\n  gae:\n    optim:\n      critic_lr: 3.0e-3\n"
+                   "  grpo:\n    rollout:\n      num_prompts: 16\n      samples_per_prompt: 8\n")
+    c = compare.parse_args(["--config", str(cfg), "--estimators", "gae,grpo,rloo", "--output-dir", str(tmp_path / "o")])
+    compare.check_compare(c)
+    gae, grpo, rloo = (compare.run_config(c, e, 0) for e in ("gae", "grpo", "rloo"))
+    assert gae.optim.critic_lr == 3e-3 and rloo.optim.critic_lr == grpo.optim.critic_lr == 1e-3  # the demo's
+    assert (grpo.rollout.num_prompts, grpo.rollout.samples_per_prompt) == (16, 8)
+    assert (rloo.rollout.num_prompts, rloo.rollout.samples_per_prompt) == (32, 4)
+    assert gae.optim.epochs == grpo.optim.epochs == rloo.optim.epochs == 3  # the file's, for every run
+    for text, message in [
+        ("per_estimator:\n  gea:\n    optim:\n      epochs: 2\n", "`per_estimator.gea`: unknown estimator"),
+        ("per_estimator:\n  gae:\n    optim:\n      critic_rate: 1\n",
+         "unknown config field `per_estimator.gae.optim.critic_rate`; did you mean `critic_lr`?"),
+        ("per_estimator: [gae]\n", "`per_estimator` must map estimator names to settings"),
+        ("per_estimator:\n  gae:\n    optim:\n      actor_lr: fast\n",
+         "`per_estimator.gae.optim.actor_lr` must be a number or 'auto', got 'fast'"),
+    ]:
+        cfg.write_text(text)
+        assert main(["compare", "--config", str(cfg), "--output-dir", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+
+
+def test_compare_on_a_task_of_your_own(tmp_path, monkeypatch, saved_policy, capsys):
+    """--policy, --prompts, --reward and --eval-prompts: the train defaults (auto sizes), no SFT start
+    and no built-in held-out set, the user's files in every run."""
+    monkeypatch.setattr(compare, "run_one", _in_process)
+    rows = [{"prompt": f"Solve {a}x+1={a * 2 + 1}", "answer": "2"} for a in range(1, 9)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "r.py").write_text("def sevens(prompts, responses, **columns):\n"
+                                   "    return [r.count('7') / 4 for r in responses]\n")
+    own = ["--policy", str(saved_policy), "--prompts", str(tmp_path / "p.jsonl"), "--reward", f"{tmp_path / 'r.py'}:sevens",
+           "--eval-prompts", str(tmp_path / "p.jsonl")]
+    out = tmp_path / "cmp"
+    assert main(["compare", "--smoke", "--estimators", "gae,rloo", "--seeds", "0", "--iterations", "2",
+                 "--output-dir", str(out), *own]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["settings"]["layouts"] == {"gae": [8, 1], "rloo": [4, 2]}
+    assert s["settings"]["eval_prompts"] == f"the prompts of {tmp_path / 'p.jsonl'}"
+    assert not (out / "sft").exists() and not (out / "heldout.jsonl").exists()
+    c = compare.parse_args(["--output-dir", str(tmp_path / "x"), *own])
+    run = compare.run_config(c, "gae", 0)
+    assert (run.model.policy, run.data.prompts, run.model.reward) == (str(saved_policy), own[3], own[5])
+    assert run.optim.actor_lr == "auto" and run.threads == 0  # the train defaults, not the demo's
+    for drop, flag in ((0, "--policy"), (4, "--reward"), (6, "--eval-prompts")):
+        args = own[:drop] + own[drop + 2:]
+        assert main(["compare", "--output-dir", str(tmp_path / "y"), *args]) == 2
+        assert f"a task of your own needs {flag}" in capsys.readouterr().err
+    bad = own[:5] + [f"{tmp_path / 'r.py'}:nothing"] + own[6:]
+    assert main(["compare", "--output-dir", str(tmp_path / "z"), *bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ppo-lm: error: estimator 'gae': ") and "nothing" in err and err.count("\n") == 1, err
+
+
+def test_run_record_curves_over_tokens_and_over_training_seconds(tmp_path):
+    from ppo_lm.reporting.compare_report import run_record
+
+    rows = [{"iteration": 0, "eval_score": 0.1, "eval_s": 2.0},
+            {"iteration": 1, "score": 0.2, "response_length_mean": 3.0, "iteration_s": 5.0, "ref_kl": 0.0},
+            {"iteration": 2, "score": 0.4, "response_length_mean": 5.0, "iteration_s": 7.0, "eval_s": 1.0,
+             "eval_score": 0.3, "ref_kl": 0.1}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run_record(tmp_path / "m.jsonl", episodes_per_iteration=4)
+    assert r["sampled_tokens"] == 32 and r["train_s"] == 15.0  # 3·4 + 5·4 tokens; 2 + 5 + 7 + 1 s
+    assert r["curves"]["score"] == [[12.0, 0.2], [32.0, 0.4]]
+    assert r["wall_curves"]["score"] == [[7.0, 0.2], [15.0, 0.4]]
+    assert r["wall_curves"]["eval_score"] == [[2.0, 0.1], [15.0, 0.3]]

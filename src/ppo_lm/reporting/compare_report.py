@@ -34,7 +34,9 @@ def spread(values: list[float]) -> dict[str, float]:
 def run_record(metrics_path: str | Path, episodes_per_iteration: int) -> dict:
     """One run's numbers from its metrics.jsonl: held-out accuracy before training (the evaluation logged
     as iteration 0) and after the last iteration, the sampled response tokens (Σ over iterations of
-    ``response_length_mean`` × episodes), and its curves against the cumulative sampled tokens."""
+    ``response_length_mean`` × episodes), its training seconds (Σ ``iteration_s`` + ``eval_s``: the
+    process's start-up and model loading left out), and its curves against the cumulative sampled tokens
+    (``curves``) and against the cumulative training seconds (``wall_curves``)."""
     rows = read_metrics(metrics_path)
     its = sorted((r for r in rows if isinstance(r.get("iteration"), int) and r["iteration"] >= 1),
                  key=lambda r: r["iteration"])
@@ -42,16 +44,21 @@ def run_record(metrics_path: str | Path, episodes_per_iteration: int) -> dict:
     before = next((r["eval_score"] for r in evals if r.get("iteration") == 0), None)
     if not its or before is None or "eval_score" not in its[-1]:
         raise ValueError(f"{metrics_path} does not hold a finished run with held-out evaluations before and after")
-    tokens, cum = 0.0, {0: 0.0}
+    tokens, seconds = 0.0, sum(r.get("eval_s", 0.0) for r in rows if r.get("iteration") == 0)
+    cum, wall = {0: 0.0}, {0: seconds}
     for r in its:
         tokens += r["response_length_mean"] * episodes_per_iteration
-        cum[r["iteration"]] = tokens
-    curves = {key: [[cum[r["iteration"]], r[key]] for r in (evals if key == "eval_score" else its)
-                    if isinstance(r.get(key), (int, float))]
-              for key, _ in CURVES}
+        seconds += r.get("iteration_s", 0.0) + r.get("eval_s", 0.0)
+        cum[r["iteration"]], wall[r["iteration"]] = tokens, seconds
+
+    def curve(key: str, x: dict[int, float]) -> list[list[float]]:
+        return [[x[r["iteration"]], r[key]] for r in (evals if key == "eval_score" else its)
+                if isinstance(r.get(key), (int, float))]
+
     return {"accuracy_before": before, "accuracy_after": its[-1]["eval_score"], "iterations": its[-1]["iteration"],
-            "sampled_tokens": round(tokens), "train_s": sum(r.get("iteration_s", 0.0) + r.get("eval_s", 0.0) for r in rows),
-            "curves": curves}
+            "sampled_tokens": round(tokens), "train_s": seconds,
+            "curves": {key: curve(key, cum) for key, _ in CURVES},
+            "wall_curves": {key: curve(key, wall) for key, _ in CURVES}}
 
 
 def summarize(runs: list[dict]) -> dict[str, dict]:
@@ -79,23 +86,25 @@ def _tokens(n: float) -> str:
 def summary_markdown(summary: dict) -> str:
     """The comparison table: one row per estimator, mean ± sample std over the seeds."""
     s = summary["settings"]
+    layout = {"natural": "each estimator in its own layout", "common": "one layout for every estimator"}
     lines = [
         f"# ppo-lm compare: {', '.join(summary['estimators'])}",
         "",
-        f"{s['iterations']} iterations × {s['num_prompts']} prompts × {s['samples_per_prompt']} samples × "
-        f"≤ {s['max_new_tokens']} tokens for every run; start: {s['policy']}; held-out accuracy: greedy, on "
-        f"{s['eval_prompts']}; seeds {', '.join(map(str, s['seeds']))}. Each cell: mean ± sample "
+        f"{s['iterations']} iterations × {s['episodes']} episodes ({layout[s['layout']]}: prompts × samples per "
+        f"prompt below) × ≤ {s['max_new_tokens']} tokens for every run; start: {s['policy']}; held-out accuracy: "
+        f"greedy, on {s['eval_prompts']}; seeds {', '.join(map(str, s['seeds']))}. Each cell: mean ± sample "
         "standard deviation over the seeds (summary.json also has the minimum and maximum).",
         "",
-        "| estimator | held-out accuracy before | after | gain (points) | sampled tokens per run | wall time per run "
-        "| peak RSS per run | models held |",
-        "|---|---|---|---|---|---|---|---|",
+        "| estimator | prompts × samples | held-out accuracy before | after | gain (points) | sampled tokens per run "
+        "| wall time per run | peak RSS per run | models held |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, e in summary["estimators"].items():
         g = e["gain"]
         models = e["models_held"]
+        prompts, samples = s["layouts"][name]
         lines.append(
-            f"| {name} | {_pct(e['accuracy_before'])} | {_pct(e['accuracy_after'])} | "
+            f"| {name} | {prompts} × {samples} | {_pct(e['accuracy_before'])} | {_pct(e['accuracy_after'])} | "
             f"{100 * g['mean']:+.1f} ± {100 * g['std']:.1f} | {_tokens(e['sampled_tokens']['mean'])} | "
             f"{e['wall_s']['mean']:.0f} ± {e['wall_s']['std']:.0f} s | {e['peak_rss_mb']['mean']:.0f} MB | "
             f"{len(models)} ({', '.join(models)}) |")
@@ -123,32 +132,42 @@ def band(curves: list[list[list[float]]]) -> tuple[list[float], list[float], lis
     return xs, [sum(y) / len(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
 
 
+def _draw(ax, curves: list[list[list[float]]], key: str, label: str, color: str, scale: float) -> None:
+    """One estimator's band over seeds on one panel: per-iteration values smoothed over 1/15 of the run,
+    held-out evaluations as they are, with markers."""
+    xs, mean, lo, hi = band(curves)
+    if key != "eval_score":
+        w = max(1, len(xs) // 15)
+        mean, lo, hi = smooth(mean, w), smooth(lo, w), smooth(hi, w)
+    x = [v / scale for v in xs]
+    ax.plot(x, mean, label=label, color=color, marker="o" if key == "eval_score" else None, markersize=3,
+            linewidth=1.2)
+    ax.fill_between(x, lo, hi, color=color, alpha=0.2, linewidth=0)
+
+
 def plot_curves(runs: list[dict], out_png: str | Path, title: str = "") -> Path:
-    """curves.png: a panel per :data:`CURVES` key against the cumulative sampled tokens, one line per
-    estimator (the mean over seeds) with a band from the minimum to the maximum over seeds. The
-    per-iteration curves are smoothed over a trailing window of 1/15 of the run (one iteration's
-    score of 128 episodes is noisy); the held-out evaluations are drawn as they are, with markers."""
+    """curves.png: a panel per :data:`CURVES` key against the cumulative sampled tokens (top row) and
+    against the cumulative training seconds (bottom row: the critic costs time), one line per estimator
+    (the mean over seeds) with a band from the minimum to the maximum over seeds. The per-iteration
+    curves are smoothed over a trailing window of 1/15 of the run (one iteration's score of 128
+    episodes is noisy); the held-out evaluations are drawn as they are, with markers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(3.4 * len(CURVES), 2.8), squeeze=False)
-    for ax, (key, name) in zip(axes[0], CURVES):
-        for est in dict.fromkeys(r["estimator"] for r in runs):
-            curves = [r["curves"][key] for r in runs if r["estimator"] == est and r["curves"][key]]
-            if not curves:
-                continue
-            xs, mean, lo, hi = band(curves)
-            if key != "eval_score":
-                w = max(1, len(xs) // 15)
-                mean, lo, hi = smooth(mean, w), smooth(lo, w), smooth(hi, w)
-            line, = ax.plot([x / 1e6 for x in xs], mean, label=est, marker="o" if key == "eval_score" else None,
-                            markersize=3, linewidth=1.2)
-            ax.fill_between([x / 1e6 for x in xs], lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel("sampled tokens (millions)", fontsize=8)
-        ax.tick_params(labelsize=8)
+    fig, axes = plt.subplots(2, len(CURVES), figsize=(3.4 * len(CURVES), 5.4), squeeze=False)
+    estimators = list(dict.fromkeys(r["estimator"] for r in runs))
+    for row, (which, xlabel, scale) in enumerate((("curves", "sampled tokens (millions)", 1e6),
+                                                   ("wall_curves", "training time (s)", 1.0))):
+        for ax, (key, name) in zip(axes[row], CURVES):
+            for i, est in enumerate(estimators):
+                curves = [r[which][key] for r in runs if r["estimator"] == est and r[which][key]]
+                if curves:
+                    _draw(ax, curves, key, est, f"C{i}", scale)
+            ax.set_title(name, fontsize=10)
+            ax.set_xlabel(xlabel, fontsize=8)
+            ax.tick_params(labelsize=8)
     axes[0][0].legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)

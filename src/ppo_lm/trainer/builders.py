@@ -17,6 +17,7 @@ from ..rollout.reward import RewardTerm, load_verifier, term_name
 from ..runtime.errors import ConfigError
 from . import console
 from .config import DataConfig, ModelConfig, TrainConfig
+from .sizing import builtin_max_new_tokens
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -150,7 +151,7 @@ def build_policy(cfg: TrainConfig, tokenizer) -> nn.Module:
     if m.policy == "builtin":
         from ..tasks.equations import build_tiny_policy
 
-        max_pos = max(128, 64 + cfg.rollout.max_new_tokens)
+        max_pos = max(128, 64 + builtin_max_new_tokens(cfg))
         lm = build_tiny_policy(
             tokenizer, seed=cfg.seed, hidden_size=m.builtin_hidden_size, num_layers=m.builtin_layers,
             num_heads=m.builtin_heads, max_position_embeddings=max_pos,

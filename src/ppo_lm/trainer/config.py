@@ -141,9 +141,11 @@ class RolloutConfig:
     samples_per_prompt: int = setting(1, ge=1)
     """Responses sampled per prompt: the group of grpo, dr_grpo and rloo (which need >= 2). An iteration
     has num_prompts × samples_per_prompt episodes."""
-    max_new_tokens: int = setting(8, ge=1)
+    max_new_tokens: int | Literal["auto"] = setting("auto", ge=1)
     """Response length limit in tokens; a response cut there without a stop token is truncated and
-    bootstraps from V (docs/algorithm.md §1.3). Also the constant divisor of seq-mean-token-sum-norm."""
+    bootstraps from V (docs/algorithm.md §1.3). Also the constant divisor of seq-mean-token-sum-norm.
+    auto: by the policy's size (trainer/sizing.py) — 8 below 10 M parameters (the built-in task's),
+    128 above (at most half the policy's context), logged in the banner."""
     min_new_tokens: int = setting(0, ge=0)
     """Stop tokens cannot be sampled before this many response tokens (= max_new_tokens gives
     fixed-length responses, e.g. for a benchmark with a fixed amount of work)."""
@@ -240,12 +242,14 @@ class OptimConfig:
     (num_prompts / processes × samples_per_prompt)."""
     micro_batch_size: int = setting(0, ge=0, resume=True)
     """Sequences per forward/backward within a minibatch (gradient accumulation); 0 = whole minibatch."""
-    actor_lr: float = setting(3e-4, gt=0, finite=True)
+    actor_lr: float | Literal["auto"] = setting("auto", gt=0, finite=True)
     """AdamW learning rate of the policy's parameters (the schedule's peak). With a shared critic the
-    trunk's value-loss gradient is also stepped at this rate."""
-    critic_lr: float = setting(1e-3, gt=0, finite=True)
+    trunk's value-loss gradient is also stepped at this rate. auto: by the policy's size
+    (trainer/sizing.py) — 3e-4 below 10 M parameters (the built-in task's; 1e-3 with LoRA), 1e-6 above
+    (a pretrained model; 1e-5 with LoRA), logged in the banner."""
+    critic_lr: float | Literal["auto"] = setting("auto", gt=0, finite=True)
     """AdamW learning rate of the critic: the separate critic (body and head), or the shared critic's
-    value head."""
+    value head. auto: by the policy's size — 1e-3 below 10 M parameters, 1e-5 above."""
     weight_decay: float = setting(0.0, ge=0, finite=True)
     """AdamW's decoupled weight decay of the weight matrices, for both optimisers (biases and norm weights
     exempt, ppo_lm.runtime.optim); 0 = none."""

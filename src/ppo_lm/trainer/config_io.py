@@ -24,6 +24,14 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def _kind(tp: Any) -> str:
+    """A type in the words of an error message: ``a number``, ``'auto'``."""
+    if get_origin(tp) is Literal:
+        return " or ".join(repr(v) for v in get_args(tp))
+    names = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
+    return names.get(tp, "a list" if get_origin(tp) in (list, tuple) else getattr(tp, "__name__", str(tp)))
+
+
 def _check_value(name: str, tp: Any, value: Any) -> Any:
     origin = get_origin(tp)
     if origin is Literal:
@@ -36,15 +44,15 @@ def _check_value(name: str, tp: Any, value: Any) -> Any:
             if type(None) in args:
                 return None
             raise ConfigError(f"`{name}` must not be null")
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
+        kinds = [a for a in args if a is not type(None)]
+        for a in kinds:
             try:
                 return _check_value(name, a, value)
             except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"`{name}`: bad value {value!r}")
+                error = e
+        if len(kinds) == 1:
+            raise error
+        raise ConfigError(f"`{name}` must be {' or '.join(_kind(a) for a in kinds)}, got {value!r}")
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"`{name}` must be a number, got {value!r}")
@@ -113,6 +121,13 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\
 
 
 def load_yaml(path: str | Path, cls: type[C]) -> C:
+    """``cls`` from a YAML file of its sections (errors name the file or the field)."""
+    return from_dict(cls, read_yaml(path))
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML file of sections as a nested dict; a missing file, a directory, non-UTF-8 text, bad YAML
+    or a top level that is not a mapping is a :class:`ConfigError` naming the file."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"config file {p} is a directory; pass the YAML file itself (e.g. {p / 'config.yaml'})")
@@ -126,7 +141,7 @@ def load_yaml(path: str | Path, cls: type[C]) -> C:
         raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping of sections, got a {type(data).__name__}")
-    return from_dict(cls, data)
+    return data
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -39,9 +39,14 @@ def parameters(model: nn.Module | None) -> str:
     return f"{size} parameters, {state}"
 
 
+def _short(v: float) -> str:
+    """``3e-4`` rather than ``0.0003``; integers as they are."""
+    return f"{v:.0e}".replace("e-0", "e-") if isinstance(v, float) and 0 < abs(v) < 1e-2 else f"{v:g}"
+
+
 def banner(trainer) -> str:
-    """The run in a few lines: version, output, device and dtype, each model's size, the estimator
-    and the per-iteration budget."""
+    """The run in a few lines: version, output, device and dtype, each model's size, the settings
+    resolved for that size, the estimator and the per-iteration budget."""
     from .. import __version__
 
     cfg, a, r, o = trainer.cfg, trainer.cfg.algo, trainer.cfg.rollout, trainer.cfg.optim
@@ -66,6 +71,9 @@ def banner(trainer) -> str:
         weight = f" × {term.weight:g}" if len(trainer.rewards) > 1 else ""
         what = f"model: {parameters(term.model)}" if term.model is not None else "verifier"
         lines.append(f"  reward    {term.name}{weight} ({what})")
+    if trainer.sized.values:
+        values = " · ".join(f"{k} {_short(v)}" for k, v in trainer.sized.values.items())
+        lines.append(f"  auto      {values} ({trainer.sized.reason}; trainer/sizing.py)")
     kl = f"KL {a.kl_estimator} in the {a.kl_in}, β {a.kl_coef:g}" if a.kl_coef else "no KL"
     lines.append(f"  estimator {a.estimator} · {kl} · {r.num_prompts} prompts × {r.samples_per_prompt} "
                  f"sample{'s' if r.samples_per_prompt > 1 else ''} × ≤{r.max_new_tokens} tokens per iteration · {o.epochs} epochs × "

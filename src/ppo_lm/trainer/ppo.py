@@ -37,7 +37,7 @@ from ..rollout.sampling import SamplingParams
 from ..runtime import distributed as dist
 from ..runtime.errors import UserError
 from ..runtime.timing import Timer
-from . import adapters, builders, console, credit
+from . import adapters, builders, console, credit, sizing
 from .config import TrainConfig
 from .config_io import dump_yaml, to_dict
 from .diagnostics import rollout_metrics
@@ -102,6 +102,10 @@ class PPOTrainer:
         torch.manual_seed(cfg.seed)
         self.tokenizer = tokenizer if tokenizer is not None else builders.build_tokenizer(cfg.model)
         policy_lm = policy if policy is not None else builders.build_policy(cfg, self.tokenizer)
+        # the "auto" learning rates and response limit, by the policy's size (trainer/sizing.py)
+        self.sized = sizing.resolve_auto(cfg, sum(p.numel() for p in policy_lm.parameters()),
+                                         getattr(policy_lm.config, "max_position_embeddings", None))
+        self.cfg = cfg = self.sized.cfg
         self.shared_critic = self.estimator.needs_critic and cfg.model.critic == "shared"
         self.policy = builders.build_policy_module(cfg, policy_lm,
                                                    with_value_head=self.shared_critic).to(self.device)

@@ -98,7 +98,8 @@ def _check_context(config: dict, cfg: TrainConfig) -> None:
     """The response length fits the policy's context, with room for a prompt."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     context = text.get("max_position_embeddings")
-    if isinstance(context, int) and cfg.rollout.max_new_tokens >= context:
+    limit = cfg.rollout.max_new_tokens  # auto resolves to at most half the context (trainer/sizing.py)
+    if isinstance(context, int) and limit != "auto" and limit >= context:
         raise ConfigError(
             f"`rollout.max_new_tokens`={cfg.rollout.max_new_tokens} leaves no room for a prompt in the policy's "
             f"context of {context} tokens (max_position_embeddings); lower it below {context}"

@@ -103,7 +103,7 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
     check_types(cfg)
     check_ranges(cfg, error=ConfigError)
     r = cfg.rollout
-    if r.min_new_tokens > r.max_new_tokens:
+    if r.max_new_tokens != "auto" and r.min_new_tokens > r.max_new_tokens:  # auto resolves to ≥ min
         raise ConfigError(f"`rollout.min_new_tokens`={r.min_new_tokens} exceeds `rollout.max_new_tokens`="
                           f"{r.max_new_tokens}")
     unknown = [x for x in cfg.log.report_to if x not in TRACKERS]
