@@ -139,3 +139,7 @@ def test_the_shipped_presets_load_and_validate():
     recipe = load_yaml(root / "examples" / "real_model" / "grpo.yaml", TrainConfig)
     validate_config(recipe)
     assert (recipe.algo.estimator, recipe.rollout.samples_per_prompt, recipe.log.report_to) == ("grpo", 8, [])
+    from ppo_lm.cli.compare_plan import read_file_settings
+
+    every, sections = read_file_settings(str(root / "examples" / "real_model" / "compare.yaml"))
+    assert every["optim"]["actor_lr"] == recipe.optim.actor_lr and list(sections) == ["gae"]
