@@ -272,3 +272,32 @@ def test_gradient_checkpointing_flag_trains_the_same(tmp_path):
     for k, v in runs[False].items():
         if not k.endswith(("_s", "_per_s")):
             assert runs[True][k] == pytest.approx(v, rel=1e-4, abs=1e-5), k
+
+
+def _one_iteration(tmp_path, name, **overrides):
+    cfg = tiny_config(tmp_path / name, iterations=1, optim__num_minibatches=2, **overrides)
+    trainer = PPOTrainer(cfg, verifier=length_reward)
+    trainer.train()
+    steps = lambda opt: int(next(iter(opt.state.values()))["step"])  # noqa: E731
+    return trainer, steps(trainer.learner.actor_opt), steps(trainer.learner.critic_opt)
+
+
+def test_critic_epochs_give_the_critic_its_own_passes_and_leave_the_other_model_as_it_was(tmp_path):
+    """optim.critic_epochs: the epochs past the shorter count train one model alone. The epochs both
+    share draw the same shuffles, so the policy after epochs 1 with critic_epochs 3 is the policy of
+    epochs 1 alone, and the critic after critic_epochs 1 with epochs 3 is the critic of epochs 1."""
+    base, a0, c0 = _one_iteration(tmp_path, "base", optim__epochs=1)
+    more, a1, c1 = _one_iteration(tmp_path, "critic3", optim__epochs=1, optim__critic_epochs=3)
+    fewer, a2, c2 = _one_iteration(tmp_path, "actor3", optim__epochs=3, optim__critic_epochs=1)
+    assert (a0, c0) == (2, 2) and (a1, c1) == (2, 6) and (a2, c2) == (6, 2)  # optimiser steps: 2 minibatches
+    same = lambda m1, m2: all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))  # noqa: E731
+    assert same(base.policy, more.policy) and not same(base.critic, more.critic)
+    assert same(base.critic, fewer.critic) and not same(base.policy, fewer.policy)
+
+
+def test_critic_epochs_with_a_critic_free_estimator_is_refused(tmp_path):
+    from ppo_lm.runtime.errors import ConfigError
+
+    cfg = tiny_config(tmp_path, algo__estimator="grpo", rollout__samples_per_prompt=2, optim__critic_epochs=2)
+    with pytest.raises(ConfigError, match=r"`optim.critic_epochs`=2 has no critic to train: `algo.estimator`='grpo'"):
+        PPOTrainer(cfg, verifier=length_reward)

@@ -19,6 +19,7 @@ import torch
 from ..presets import preset
 from ..tasks.equations import BUILTIN_HEADS
 from ..trainer.config import TrainConfig
+from ..trainer.sizing import builtin_max_new_tokens
 
 
 def demo_ppo() -> TrainConfig:
@@ -122,7 +123,7 @@ def check_demo(cfg: DemoConfig, out: Path) -> None:
     except ValueError as e:
         raise ConfigError(f"`eval_prompts`={cfg.eval_prompts}: {e}") from None
     ppo = cfg.ppo
-    if ppo.rollout.max_new_tokens >= BUILTIN_CONTEXT:
+    if builtin_max_new_tokens(ppo) >= BUILTIN_CONTEXT:
         raise ConfigError(f"`ppo.rollout.max_new_tokens`={ppo.rollout.max_new_tokens} leaves no room for a prompt in the "
                           f"built-in model's context of {BUILTIN_CONTEXT} tokens; lower it below {BUILTIN_CONTEXT}")
     try:
@@ -191,7 +192,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
-    max_new = cfg.ppo.rollout.max_new_tokens
+    max_new = builtin_max_new_tokens(cfg.ppo)  # the demo's model is small: an auto limit is the small one
     tok = build_tokenizer()
     held = make_prompts(cfg.eval_prompts, seed=cfg.seed + 10_000, split="heldout", unique=True)
 

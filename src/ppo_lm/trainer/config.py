@@ -237,6 +237,10 @@ class AlgoConfig:
 class OptimConfig:
     epochs: int = setting(4, ge=1)
     """PPO epochs K: passes over each rollout, reshuffled into minibatches every pass (docs/algorithm.md §1.4)."""
+    critic_epochs: int | None = setting(None, ge=1)
+    """The critic's passes over each rollout (as verl's and slime's critic epochs); None = `epochs`. More
+    than `epochs`: the later passes train the critic alone (no policy forward); fewer: the later
+    passes train the policy alone. Estimators with a critic only."""
     num_minibatches: int = setting(2, ge=1)
     """Minibatches per epoch, one optimiser step each; must divide the episodes per process
     (num_prompts / processes × samples_per_prompt)."""

@@ -1,5 +1,6 @@
 """Step 4 of the loop (docs/algorithm.md §1.4): K epochs × minibatches × micro-batches of PPO updates on a
-fixed rollout, read top to bottom in :func:`ppo_update`.
+fixed rollout (the critic's own number of epochs with ``optim.critic_epochs``), read top to bottom in
+:func:`ppo_update`.
 
 Per micro-batch: forward, objective (:func:`~ppo_lm.algorithms.ppo_objective`), backward
 (:meth:`Learner.backward <ppo_lm.trainer.learner.Learner.backward>`); per minibatch: clip the
@@ -183,8 +184,13 @@ def ppo_update(
 
     if batch.input_ids.device.type == "cpu":
         release_free_memory()  # sampling's and scoring's freed temporaries: not resident during the update
+    # the policy's and the critic's passes over the rollout (optim.critic_epochs); past the shorter
+    # count, the epochs train one model alone and skip the other's forward
+    actor_epochs = o.epochs if train_policy else 0
+    critic_epochs = (o.critic_epochs or o.epochs) if train_critic else 0
     with checkpointing_on(learner.policy, learner.critic):  # (a no-op unless a model checkpoints)
-        for epoch in range(o.epochs):
+        for epoch in range(max(actor_epochs, critic_epochs)):
+            policy_now, critic_now = epoch < actor_epochs, epoch < critic_epochs
             perm = torch.randperm(B, generator=shuffle_gen).to(batch.input_ids.device)
             for k in range(o.num_minibatches):
                 mb_idx = perm[k * mb_size : (k + 1) * mb_size]
@@ -192,9 +198,10 @@ def ppo_update(
                 # 4a. Forward, objective and backward, micro-batch by micro-batch, into .grad.
                 count = minibatch_count(batch.response_mask[mb_idx], a.loss_agg)
 
-                def rows_forward_backward(rows: Tensor, count=count, first_epoch=epoch == 0) -> RowsResult:
+                def rows_forward_backward(rows: Tensor, count=count, first_epoch=epoch == 0, policy_now=policy_now,
+                                          values_now=values_from if critic_now else None) -> RowsResult:
                     return forward_backward(learner, batch.select(rows), objective, count,
-                                            train_policy=train_policy, values_from=values_from,
+                                            train_policy=policy_now, values_from=values_now,
                                             temperature=cfg.rollout.temperature or 1.0,
                                             with_entropy=a.entropy_coef > 0 or first_epoch)  # a diagnostic: epoch 1
 
@@ -210,8 +217,8 @@ def ppo_update(
                         mb_stats.add(r.stats, units=r.units, tokens=r.tokens)
 
                 # 4b. Clip and step — or skip the minibatch on every rank (it leaves no statistics).
-                applied, norms = clip_and_step(learner, o, finite, train_policy=train_policy,
-                                               train_critic=train_critic)
+                applied, norms = clip_and_step(learner, o, finite, train_policy=policy_now,
+                                               train_critic=critic_now)
                 if not applied:
                     skipped, in_row = skipped + 1, in_row + 1
                     max_in_row = max(max_in_row, in_row)
@@ -222,10 +229,10 @@ def ppo_update(
 
                 # 4c. Each schedule counts its own optimiser's steps (the actor's skip the critic
                 # warm-up); the logged rates are those the steps used, read before the schedules move.
-                if train_policy:
+                if policy_now:
                     lr_actor = learner.actor_opt.param_groups[0]["lr"]
                     learner.actor_sched.step()
-                if train_critic:
+                if critic_now:
                     lr_critic = learner.critic_opt.param_groups[0]["lr"]
                     learner.critic_sched.step()
     return UpdateResult(stats.result(all_reduce_sum=dist.all_reduce_sum, all_reduce_max=dist.all_reduce_max),
