@@ -295,9 +295,10 @@ def test_critic_epochs_give_the_critic_its_own_passes_and_leave_the_other_model_
     assert same(base.critic, fewer.critic) and not same(base.policy, fewer.policy)
 
 
-def test_critic_epochs_with_a_critic_free_estimator_is_refused(tmp_path):
+@pytest.mark.parametrize("field", ["critic_epochs", "critic_warmup_iterations"])
+def test_critic_settings_with_a_critic_free_estimator_are_refused(tmp_path, field):
     from ppo_lm.runtime.errors import ConfigError
 
-    cfg = tiny_config(tmp_path, algo__estimator="grpo", rollout__samples_per_prompt=2, optim__critic_epochs=2)
-    with pytest.raises(ConfigError, match=r"`optim.critic_epochs`=2 has no critic to train: `algo.estimator`='grpo'"):
+    cfg = tiny_config(tmp_path, algo__estimator="grpo", rollout__samples_per_prompt=2, **{f"optim__{field}": 2})
+    with pytest.raises(ConfigError, match=rf"`optim.{field}`=2 has no critic to train: `algo.estimator`='grpo'"):
         PPOTrainer(cfg, verifier=length_reward)

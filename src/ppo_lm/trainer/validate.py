@@ -70,12 +70,14 @@ def _check_estimator(cfg: TrainConfig) -> None:
             "`algo.kl_coef` to 0 (to resume a run written before this check, which ran without a KL: "
             "`--algo.kl-coef 0`)"
         )
-    if cfg.optim.critic_epochs is not None and not spec.needs_critic:
-        raise ConfigError(
-            f"`optim.critic_epochs`={cfg.optim.critic_epochs} has no critic to train: `algo.estimator`="
-            f"{a.estimator!r} is critic-free; leave it out (in `ppo-lm compare`, set it in the gae section of "
-            "`per_estimator`)"
-        )
+    o = cfg.optim
+    for name, value, unset in (("critic_epochs", o.critic_epochs, None), ("critic_warmup_iterations",
+                                                                         o.critic_warmup_iterations, 0)):
+        if value != unset and not spec.needs_critic:
+            raise ConfigError(
+                f"`optim.{name}`={value} has no critic to train: `algo.estimator`={a.estimator!r} is "
+                "critic-free; leave it out (in `ppo-lm compare`, set it in the gae section of `per_estimator`)"
+            )
     if spec.needs_groups and r.samples_per_prompt < 2:
         raise ConfigError(
             f"`algo.estimator`={a.estimator!r} compares samples of the same prompt: set "
