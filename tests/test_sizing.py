@@ -58,7 +58,7 @@ def test_the_builtin_model_trains_with_the_small_rates_and_the_banner_says_so(tm
 
 
 def test_a_model_past_the_bound_trains_with_the_large_rates(tmp_path, capsys):
-    """A built-in-architecture model of 10.5 M parameters (random, so only the resolution is tested: the
+    """A built-in-architecture model of 16.9 M parameters (random, so only the resolution is tested: the
     slow test on SmolLM2 checks that the rates keep a pretrained model near its reference)."""
     from ppo_lm.tasks.equations import build_tiny_policy, build_tokenizer
     from ppo_lm.trainer.ppo import PPOTrainer
