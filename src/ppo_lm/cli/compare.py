@@ -261,7 +261,8 @@ def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     if not cfg.own_task:
         print(f"start: {cfg.policy or 'the demo SFT policy, building under ' + str(out / 'sft')}", flush=True)
-        build_start(out, smoke=cfg.smoke, build_policy=cfg.policy is None, threads=2)
+        threads = run_config(cfg, cfg.estimators[0], cfg.seeds[0]).threads  # the runs' own (a --config may set it)
+        build_start(out, smoke=cfg.smoke, build_policy=cfg.policy is None, threads=threads)
     runs = []
     total = len(cfg.seeds) * len(cfg.estimators)
     # seed-major order: an interrupted comparison has every estimator for the seeds it finished, and a
