@@ -43,13 +43,16 @@ def shape_rewards(
     *,
     kl_coef: float,
     kl_estimator: str = "k1",
+    step_rewards: Tensor | None = None,
 ) -> Tensor:
-    """Shaped per-token rewards r_t = −β·kl_t, plus the score at the last valid token.
+    """Shaped per-token rewards r_t = step_t − β·kl_t, plus the score at the last valid token.
 
     Args:
         scores: (B,) scalar score per response.
         logp_old, logp_ref: (B, T) log-probs of the sampled tokens under π_old and π_ref.
         mask: (B, T) right-padded validity mask; every row needs at least one valid token.
+        step_rewards: (B, T) process rewards on the tokens that complete their steps (docs/algorithm.md
+            §2.1), or None; what sits on padding is ignored.
     Returns:
         (B, T) rewards, 0 on padding.
     """
@@ -66,6 +69,9 @@ def shape_rewards(
         raise ValueError("`mask` has an empty row: every response needs at least one token to carry its score")
     kl = kl_penalty(logp_old.where(m, 0), logp_ref.where(m, 0), kl_estimator)
     rewards = (-kl_coef * kl).where(m, 0).to(logp_old.dtype)
+    if step_rewards is not None:
+        check_same_shape("step_rewards", step_rewards, mask=mask)
+        rewards = rewards + step_rewards.to(rewards.dtype).where(m, 0)
     last = (lengths - 1).unsqueeze(1)
     return rewards.scatter_add(1, last, scores.to(rewards.dtype).unsqueeze(1))
 

@@ -106,6 +106,9 @@ class RolloutBatch:
     scores: (B,) verifier / reward-model score (after the missing-EOS penalty).
     values_old: (B, T) V_old(x_t), or None without a critic.
     bootstrap_values: (B,) V_old(x_{T_i+1}) (used for truncated rows), or None without a critic.
+    step_rewards: (B, T) fp32 step rewards on the tokens that complete their steps (0 elsewhere), and
+        step_counts: (B,) int64 steps per response; None when the reward returned numbers only
+        (:mod:`ppo_lm.rollout.steps`).
     gold_scores: (B,) monitoring-only verifier scores (``model.gold_reward``), or None.
     score_terms: with several rewards, each one's (B,) scores by name (``scores`` is their weighted
         sum); None with one.
@@ -123,6 +126,8 @@ class RolloutBatch:
     scores: Tensor
     values_old: Tensor | None = None
     bootstrap_values: Tensor | None = None
+    step_rewards: Tensor | None = None
+    step_counts: Tensor | None = None
     gold_scores: Tensor | None = None
     score_terms: dict[str, Tensor] | None = None
     prompts: list[str] = field(default_factory=list)

@@ -15,9 +15,17 @@ from ..models.sharding import frozen_mode, gathered
 from ..runtime.lanes import Lanes
 from ..runtime.timing import Timer
 from .batch import RolloutBatch, agreed_length_groups
-from .reward import RewardTerm, Verifier, combine_terms, score_with_model, score_with_verifier
+from .reward import (
+    RewardTerm,
+    Verifier,
+    combine_terms,
+    score_with_model,
+    score_with_verifier,
+    verifier_rewards,
+)
 from .sampling import Generation, SamplingParams, generate
-from .text import response_texts
+from .steps import Steps, merge_steps, step_reward_tensor, weighted
+from .text import kept_ids
 
 
 @dataclass
@@ -135,10 +143,14 @@ def score_rollout(models: RolloutModels, tokenizer, prompt_rows: list[dict], pro
                 lanes.map_rows(partial(score_ref, w=w), rows, lengths[rows], P)
     logp_ref = logp_ref.clone()  # leave inference mode: these tensors are used next to autograd ones
 
-    responses_text = response_texts(tokenizer, gen)
+    kept = kept_ids(gen)
+    responses_text = tokenizer.batch_decode(kept, skip_special_tokens=True)
     columns = {k: [row[k] for row in prompt_rows for _ in range(samples_per_prompt)]
                for k in prompt_rows[0] if k != prompt_column}
-    scores, gold = verify(models, prompts, responses_text, columns, term_scores, device=device)
+    scores, gold, steps = verify(models, prompts, responses_text, columns, term_scores, device=device)
+    step_rewards = step_counts = None
+    if steps is not None:  # process rewards: each on the token that completes its character
+        step_rewards, step_counts = step_reward_tensor(tokenizer, kept, responses_text, steps, T, device=device)
     if missing_eos_penalty:
         scores = scores - missing_eos_penalty * (~gen.terminated).float()
 
@@ -157,6 +169,8 @@ def score_rollout(models: RolloutModels, tokenizer, prompt_rows: list[dict], pro
         scores=scores.float(),
         values_old=values_old,
         bootstrap_values=bootstrap,
+        step_rewards=step_rewards,
+        step_counts=step_counts,
         gold_scores=gold,
         score_terms={term.name: s.float() for term, s in zip(models.rewards, term_scores)}
         if len(models.rewards) > 1 else None,
@@ -166,14 +180,19 @@ def score_rollout(models: RolloutModels, tokenizer, prompt_rows: list[dict], pro
 
 
 def verify(models: RolloutModels, prompts: list, responses: list[str], columns: dict[str, list],
-           term_scores: list[Tensor], *, device: torch.device | str) -> tuple[Tensor, Tensor | None]:
+           term_scores: list[Tensor], *, device: torch.device | str
+           ) -> tuple[Tensor, Tensor | None, list[Steps] | None]:
     """The verifiers' scores of the responses into ``term_scores`` (where the reward models' already
-    are, (B,) each), and ``(score, gold score)``: the terms' weighted sum and the gold verifier's
-    (None without one), (B,) each."""
+    are, (B,) each), and ``(score, gold score, steps)``: the terms' weighted sum, the gold verifier's
+    (None without one), (B,) each, and the terms' weighted step rewards per response (None when no
+    verifier returned a :class:`~ppo_lm.rollout.steps.Reward`)."""
+    term_steps = []
     for i, term in enumerate(models.rewards):
         if term.verifier is not None:
-            term_scores[i] = score_with_verifier(term.verifier, prompts, responses, columns).to(device)
+            scores, steps = verifier_rewards(term.verifier, prompts, responses, columns)
+            term_scores[i] = scores.to(device)
+            term_steps.append(None if steps is None else weighted(steps, term.weight))
     gold = None
     if models.gold_verifier is not None:
         gold = score_with_verifier(models.gold_verifier, prompts, responses, columns).to(device)
-    return combine_terms(models.rewards, term_scores), gold
+    return combine_terms(models.rewards, term_scores), gold, merge_steps(term_steps, len(prompts))

@@ -17,10 +17,12 @@ from torch import Tensor, nn
 from ..models.actor_critic import RewardScorer, sequence_scores
 from ..models.sharding import frozen_mode
 from ..runtime.errors import UserError
+from .steps import Steps, split_rewards
 
-Verifier = Callable[..., Sequence[float]]
-"""``f(prompts: list[str], responses: list[str], **columns) -> list[float]``; columns are the extra
-dataset columns of the same rows (lists)."""
+Verifier = Callable[..., Sequence]
+"""``f(prompts: list[str], responses: list[str], **columns) -> list[float | Reward]``; columns are the
+extra dataset columns of the same rows (lists); a :class:`~ppo_lm.rollout.steps.Reward` adds step
+rewards to a score."""
 
 
 class RewardError(UserError, RuntimeError):
@@ -134,19 +136,29 @@ def user_frames(e: BaseException, limit: int = 3) -> str:
 def score_with_verifier(
     verifier: Verifier, prompts: list[str], responses: list[str], columns: dict[str, list]
 ) -> Tensor:
-    """Call the verifier and check its answer: (B,) fp32 scores, or a :class:`RewardError` that shows
-    where in the user's code a raising verifier failed."""
+    """The verifier's (B,) fp32 scores (a :class:`~ppo_lm.rollout.steps.Reward`'s terminal score; its
+    step rewards are for training, :func:`verifier_rewards`), or a :class:`RewardError`."""
+    return verifier_rewards(verifier, prompts, responses, columns)[0]
+
+
+def verifier_rewards(
+    verifier: Verifier, prompts: list[str], responses: list[str], columns: dict[str, list]
+) -> tuple[Tensor, list[Steps] | None]:
+    """Call the verifier and check its answer: ``(scores (B,) fp32, steps per response or None)`` —
+    None when it returned only numbers — or a :class:`RewardError` that shows where in the user's code
+    a raising verifier failed."""
     try:
-        scores = verifier(prompts, responses, **columns)
+        answer = verifier(prompts, responses, **columns)
     except Exception as e:
         raise RewardError(
             f"the reward function raised {type(e).__name__}: {e}{user_frames(e)}\n  first prompt of the batch: "
             f"{prompts[0]!r}"
         ) from e
     try:
-        values = [float(s) for s in scores]
+        values, steps = split_rewards(answer)
     except (TypeError, ValueError) as e:
-        raise RewardError(f"the reward function must return a list of numbers, got {type(scores).__name__}: {e}") from None
+        raise RewardError(f"the reward function must return a list of numbers (or of Reward, or {{'score', 'steps'}} dicts), got "
+                          f"{type(answer).__name__}: {e}") from None
     if len(values) != len(prompts):
         raise RewardError(
             f"the reward function returned {len(values)} scores for {len(prompts)} responses "
@@ -155,7 +167,13 @@ def score_with_verifier(
     for p, r, v in zip(prompts, responses, values):
         if not math.isfinite(v):
             raise RewardError(f"the reward function returned {v} for prompt {p!r} with response {r!r}")
-    return torch.tensor(values, dtype=torch.float32)
+    for p, r, row in zip(prompts, responses, steps or ()):
+        for end, _ in row:
+            if not 1 <= end <= len(r):
+                raise RewardError(
+                    f"the reward function returned a step ending at character {end} of a response of {len(r)} "
+                    f"characters (Reward.steps char_end must be in 1 … {len(r)}); prompt {p!r}, response {r!r}")
+    return torch.tensor(values, dtype=torch.float32), steps
 
 
 def score_with_model(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, last_index: Tensor) -> Tensor:

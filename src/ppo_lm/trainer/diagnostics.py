@@ -54,6 +54,11 @@ def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, re
         m["equal_score_groups_frac"] = n_equal / (n / k)
     for name, s in (batch.score_terms or {}).items():
         m[f"score/{name}"] = float(dist.all_reduce_sum(s.sum().double().cpu())) / n
+    if batch.step_counts is not None:  # process rewards: their mean per step, and steps per response
+        s_steps, n_steps = dist.all_reduce_sum(torch.stack([batch.step_rewards.where(mask, 0).sum().cpu(),
+                                                            batch.step_counts.sum().cpu()]).double()).tolist()
+        m["step_reward_mean"] = s_steps / max(n_steps, 1.0)
+        m["steps_per_response"] = n_steps / n
     if batch.gold_scores is not None:
         m["gold_score"] = float(dist.all_reduce_sum(batch.gold_scores.sum().double().cpu())) / n
     if batch.values_old is not None and returns is not None:

@@ -220,17 +220,22 @@ class PPOTrainer:
         check_response_mask(mask)
         with assume_valid_masks():
             with timer("advantage_s"):
-                # 2. Shaped reward: r_t = −β·kl_t, plus the score at the last token (KL in the reward),
-                #    or the score alone when the KL is a loss term.
-                rewards = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, mask,
-                                        kl_coef=reward_beta, kl_estimator=a.kl_estimator)
+                # 2. Shaped reward: r_t = step_t − β·kl_t, plus the score at the last token (KL in the
+                #    reward), or without the KL part when it is a loss term. Step rewards stay on their
+                #    tokens for a critic; the critic-free estimators see the episode total.
+                scores, steps = batch.scores, batch.step_rewards
+                if steps is not None and not self.estimator.needs_critic:
+                    scores, steps = scores + steps.where(mask, 0).sum(1), None
+                rewards = shape_rewards(scores, batch.logp_old, batch.logp_ref, mask, kl_coef=reward_beta,
+                                        kl_estimator=a.kl_estimator, step_rewards=steps)
                 critic_rewards = None
                 if a.critic_target == "score" and reward_beta > 0:
-                    critic_rewards = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, mask, kl_coef=0.0)
+                    critic_rewards = shape_rewards(scores, batch.logp_old, batch.logp_ref, mask, kl_coef=0.0,
+                                                   step_rewards=steps)
 
                 # 3. Advantages and critic targets (GAE, or a critic-free estimator).
                 inputs = AdvantageInputs(
-                    rewards=rewards, mask=mask, scores=batch.scores, terminated=batch.terminated,
+                    rewards=rewards, mask=mask, scores=scores, terminated=batch.terminated,
                     values=batch.values_old, bootstrap_values=batch.bootstrap_values,
                     group_size=cfg.rollout.samples_per_prompt, critic_rewards=critic_rewards,
                 )
@@ -253,7 +258,7 @@ class PPOTrainer:
         # 5. Diagnostics over the global batch, then the KL controller sees this batch's KL.
         metrics = rollout_metrics(batch, rewards, advantages, returns, beta=beta, kl_estimator=a.kl_estimator,
                                   samples_per_prompt=cfg.rollout.samples_per_prompt)
-        if metrics["score_min"] == metrics["score_max"]:
+        if metrics["score_min"] == metrics["score_max"] and not metrics.get("steps_per_response"):
             self._warn_no_signal(metrics["score_max"])
         metrics.update(upd.stats.as_dict())
         metrics["lr_actor"] = upd.lr_actor
