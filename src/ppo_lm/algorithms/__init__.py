@@ -6,10 +6,13 @@ V_old(x_t). See docs/algorithm.md §1 and §3 and each function's docstring for 
 
 from ._checks import assume_valid_masks, check_positive, check_response_mask, check_unit_interval
 from .advantages import (
+    Compaction,
     adaptive_lambda,
     broadcast_to_tokens,
+    compact_tokens,
     gae,
     grpo_advantages,
+    has_holes,
     masked_mean_var,
     reinforce_pp_advantages,
     rloo_advantages,
@@ -54,6 +57,7 @@ __all__ = [
     "AdaptiveKLController",
     "AdvantageInputs",
     "AdvantageSettings",
+    "Compaction",
     "EstimatorSpec",
     "FixedKLController",
     "ObjectiveSettings",
@@ -66,6 +70,7 @@ __all__ = [
     "check_response_mask",
     "check_unit_interval",
     "broadcast_to_tokens",
+    "compact_tokens",
     "compute_advantages",
     "entropy_from_logits",
     "explained_variance",
@@ -73,6 +78,7 @@ __all__ = [
     "get_advantage_estimator",
     "get_policy_loss",
     "grpo_advantages",
+    "has_holes",
     "kl_loss_per_token",
     "kl_penalty",
     "loss_units",

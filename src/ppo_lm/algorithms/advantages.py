@@ -11,6 +11,7 @@ References: Schulman et al. 2015 (GAE); Yue et al. 2025 (VAPO, length-adaptive �
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -263,6 +264,45 @@ def reinforce_pp_advantages(
     for t in range(T - 2, -1, -1):
         torch.add(r[t], out[t + 1], alpha=gamma, out=out[t])
     return whiten(out.t(), m, all_reduce=all_reduce)
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """The valid tokens of a (B, T) mask moved to the left, in order (docs/algorithm.md §1.3, turns).
+
+    A multi-turn episode's action mask has holes — the observation tokens an environment or tool put
+    between two turns. Scanning the compacted tokens is the scan that skips the holes: δ at a turn's
+    last action token meets V at the next turn's first action token. ``order`` (B, T) int64: compact
+    position j of row i holds token ``order[i, j]``; ``mask`` (B, T) bool, right-padded.
+    """
+
+    order: Tensor
+    mask: Tensor
+
+    def gather(self, x: Tensor) -> Tensor:
+        """(B, T) → the compact layout; holes and padding land after the valid tokens."""
+        return x.gather(1, self.order)
+
+    def scatter(self, x: Tensor) -> Tensor:
+        """The compact layout → (B, T); ``x`` must be 0 on compact padding (every estimator's output is),
+        which then lands on the holes and the padding."""
+        return torch.empty_like(x).scatter_(1, self.order, x)
+
+
+def has_holes(mask: Tensor) -> bool:
+    """True when some row of a (B, T) mask has a valid token after an invalid one (one host sync)."""
+    m = mask.bool()
+    return m.shape[-1] > 1 and bool((m[:, 1:] & ~m[:, :-1]).any())
+
+
+def compact_tokens(mask: Tensor) -> Compaction:
+    """:class:`Compaction` of a (B, T) 0/1 mask with any pattern of holes (a stable sort, valid first)."""
+    m = mask.bool()
+    T = m.shape[1]
+    key = (~m).long() * T + torch.arange(T, device=m.device)
+    order = torch.argsort(key, dim=1)
+    counts = m.sum(1, keepdim=True)
+    return Compaction(order=order, mask=torch.arange(T, device=m.device) < counts)
 
 
 def broadcast_to_tokens(seq_values: Tensor, mask: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ so it comes with the estimator.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import Tensor
 
@@ -25,8 +25,10 @@ from .advantages import (
     AllReduce,
     adaptive_lambda,
     broadcast_to_tokens,
+    compact_tokens,
     gae,
     grpo_advantages,
+    has_holes,
     reinforce_pp_advantages,
     rloo_advantages,
 )
@@ -161,5 +163,20 @@ def compute_advantages(
     *,
     all_reduce: AllReduce | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Run the estimator ``name`` → ``(advantages (B, T), returns (B, T) or None)``."""
-    return get_advantage_estimator(name).fn(inputs, settings, all_reduce)
+    """Run the estimator ``name`` → ``(advantages (B, T), returns (B, T) or None)``.
+
+    A mask with holes (multi-turn episodes: observation tokens between the turns, docs/algorithm.md §1.3)
+    is compacted first, so every estimator scans the action tokens alone, in order; the outputs are put
+    back in place, 0 on the holes. A right-padded mask runs the estimator as it is."""
+    spec = get_advantage_estimator(name)
+    if not has_holes(inputs.mask):
+        return spec.fn(inputs, settings, all_reduce)
+    c = compact_tokens(inputs.mask)
+
+    def gather(x: Tensor | None) -> Tensor | None:
+        return None if x is None else c.gather(x)
+
+    compact = replace(inputs, rewards=c.gather(inputs.rewards), mask=c.mask, values=gather(inputs.values),
+                      critic_rewards=gather(inputs.critic_rewards))
+    advantages, returns = spec.fn(compact, settings, all_reduce)
+    return c.scatter(advantages), None if returns is None else c.scatter(returns)
