@@ -190,7 +190,7 @@ def test_whiten_bad_input():
     with pytest.raises(ValueError, match="mask"):
         whiten(torch.zeros(2, 3), torch.ones(2, 4))
     with pytest.raises(ValueError, match="mask"):
-        whiten(torch.zeros(2, 3), torch.tensor([[1, 0, 1], [1, 1, 1]]))
+        whiten(torch.zeros(2, 3), torch.tensor([[1, 0, 5], [1, 1, 1]]))
     with pytest.raises(ValueError, match="mask"):
         whiten(torch.zeros(2, 3), torch.zeros(2, 3))
 
@@ -397,7 +397,7 @@ def test_broadcast_to_tokens():
     with pytest.raises(ValueError, match="seq_values"):
         broadcast_to_tokens(torch.zeros(2), mask)
     with pytest.raises(ValueError, match="mask"):
-        broadcast_to_tokens(torch.zeros(3), torch.tensor([[0, 1, 1], [1, 0, 0], [0, 0, 0]]))
+        broadcast_to_tokens(torch.zeros(3), torch.tensor([[0, 1, 2], [1, 0, 0], [0, 0, 0]]))
 
 
 # ----------------------------------------------------------------------------- registry

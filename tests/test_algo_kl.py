@@ -170,7 +170,7 @@ def test_shape_rewards_bad_input():
     with pytest.raises(ValueError, match="logp_ref"):
         shape_rewards(torch.zeros(2), lo, torch.zeros(2, 4), ok_mask, kl_coef=0.1)
     with pytest.raises(ValueError, match="mask"):
-        shape_rewards(torch.zeros(2), lo, lo, torch.tensor([[1, 0, 1], [1, 1, 1]]), kl_coef=0.1)
+        shape_rewards(torch.zeros(2), lo, lo, torch.tensor([[1, 0, 2], [1, 1, 1]]), kl_coef=0.1)
     with pytest.raises(ValueError, match="kl_coef"):
         shape_rewards(torch.zeros(2), lo, lo, ok_mask, kl_coef=-0.1)
     with pytest.raises(ValueError, match="kl_estimator"):

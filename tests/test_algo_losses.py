@@ -169,7 +169,7 @@ def test_aggregate_bad_input():
     with pytest.raises(ValueError, match="agg"):
         aggregate(x, torch.ones(2, 3), "token-sum")
     with pytest.raises(ValueError, match="mask"):
-        aggregate(x, torch.tensor([[1, 0, 1], [1, 1, 1]]), "token-mean")
+        aggregate(x, torch.tensor([[1, 2, 1], [1, 1, 1]]), "token-mean")
     with pytest.raises(ValueError, match="mask"):
         aggregate(x, torch.ones(2, 4), "token-mean")
 
@@ -532,7 +532,7 @@ def test_policy_loss_bad_input():
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(logp, logp_old, adv[:1], mask)
     with pytest.raises(ValueError, match="mask"):
-        policy_loss(logp, logp_old, adv, torch.tensor([[1, 0, 1], [1, 1, 0]]))
+        policy_loss(logp, logp_old, adv, torch.tensor([[1, 0, 3], [1, 1, 0]]))
     for eps in (0.0, -0.1):
         with pytest.raises(ValueError, match="clip_eps"):
             policy_loss(logp, logp_old, adv, mask, clip_eps=eps)
@@ -556,7 +556,7 @@ def test_value_loss_bad_input():
     with pytest.raises(ValueError, match="values_old"):
         value_loss(v, torch.zeros(3, 3), v, torch.ones(2, 3))
     with pytest.raises(ValueError, match="mask"):
-        value_loss(v, v, v, torch.tensor([[0, 1, 1], [1, 1, 1]]))
+        value_loss(v, v, v, torch.tensor([[0, -1, 1], [1, 1, 1]]))
     for eps in (0.0, -1.0):
         with pytest.raises(ValueError, match="clip_eps"):
             value_loss(v, v, v, torch.ones(2, 3), clip_eps=eps)
@@ -652,7 +652,7 @@ def test_explained_variance_bad_input():
     with pytest.raises(ValueError, match="returns"):
         explained_variance(torch.zeros(2, 3), torch.zeros(2, 2), torch.ones(2, 3))
     with pytest.raises(ValueError, match="mask"):
-        explained_variance(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([[0, 1, 0], [1, 1, 1]]))
+        explained_variance(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([[0, 2, 0], [1, 1, 1]]))
 
 
 # ----------------------------------------------------------------------------- property tests

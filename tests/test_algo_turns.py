@@ -170,3 +170,42 @@ def test_compaction_round_trips():
     for i in range(8):
         kept = c.order[i, : int(mask[i].sum())]
         assert torch.equal(kept, mask[i].nonzero().squeeze(1))
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_masked_sums_take_holes_as_the_compacted_tokens(agg):
+    """The losses and statistics are masked sums: on a mask with holes they equal the same functions on
+    the compacted tokens (seq-mean-token-sum-norm with the same horizon T)."""
+    from ppo_lm.algorithms import explained_variance, policy_loss, value_loss, whiten
+
+    _, mask, rewards, values, _, _ = random_episodes(6, 11)
+    c = compact_tokens(mask)
+    g = torch.Generator().manual_seed(2)
+    logp_old = torch.randn(mask.shape, generator=g, dtype=F64) - 1
+    logp = logp_old + 0.3 * torch.randn(mask.shape, generator=g, dtype=F64)
+    adv = rewards.where(mask, 0)
+    ret = values.where(mask, 0) + 0.5
+    kw = dict(clip_eps=0.2, agg=agg)
+    holes, _ = policy_loss(logp, logp_old, adv, mask, **kw)
+    packed, _ = policy_loss(c.gather(logp), c.gather(logp_old), c.gather(adv), c.mask, **kw)
+    torch.testing.assert_close(holes, packed, rtol=1e-12, atol=1e-12)
+    vh, _ = value_loss(values.where(mask, 0), values.where(mask, 0) - 0.1, ret, mask, clip_eps=0.2, agg=agg)
+    vp, _ = value_loss(c.gather(values.where(mask, 0)), c.gather(values.where(mask, 0) - 0.1), c.gather(ret), c.mask,
+                       clip_eps=0.2, agg=agg)
+    torch.testing.assert_close(vh, vp, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(c.gather(whiten(adv, mask)).where(c.mask, 0), whiten(c.gather(adv), c.mask))
+    torch.testing.assert_close(explained_variance(values, ret, mask), explained_variance(c.gather(values), c.gather(ret), c.mask))
+
+
+def test_the_score_lands_on_the_last_action_token():
+    from ppo_lm.algorithms import shape_rewards
+
+    rows, mask, _, _, _, _ = random_episodes(8, 4)
+    B, T = mask.shape
+    zeros = torch.zeros(B, T, dtype=F64)
+    scores = torch.arange(1.0, B + 1, dtype=F64)
+    out = shape_rewards(scores, zeros, zeros, mask, kl_coef=0.1)
+    for i, turns in enumerate(rows):
+        want = torch.zeros(T, dtype=F64)
+        want[turns[-1][-1]] = scores[i]
+        assert torch.equal(out[i], want)

@@ -208,11 +208,13 @@ def test_value_checks_run_once_at_the_boundary():
     with pytest.raises(ValueError, match="at least one valid token"):
         check_response_mask(torch.tensor([[1, 1], [0, 0]], dtype=torch.bool))
     x = torch.zeros(1, 3)
-    with pytest.raises(ValueError, match="right-padded"):
-        ppo_objective(bad, ObjectiveSettings(), logp=x, logp_old=x, advantages=x)
+    not_01 = torch.tensor([[1, 2, 0]])
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        ppo_objective(not_01, ObjectiveSettings(), logp=x, logp_old=x, advantages=x)
     with assume_valid_masks():  # the trainer's hot path: no host sync for the mask's values
-        ppo_objective(bad, ObjectiveSettings(), logp=x, logp_old=x, advantages=x)
+        ppo_objective(not_01, ObjectiveSettings(), logp=x, logp_old=x, advantages=x)
         with pytest.raises(ValueError, match="right-padded"):
             check_response_mask(bad)  # the boundary check itself always runs
-    with pytest.raises(ValueError, match="right-padded"):  # and the checks are back afterwards
-        ppo_objective(bad, ObjectiveSettings(), logp=x, logp_old=x, advantages=x)
+    with pytest.raises(ValueError, match="only 0 and 1"):  # and the checks are back afterwards
+        ppo_objective(not_01, ObjectiveSettings(), logp=x, logp_old=x, advantages=x)
+    ppo_objective(bad, ObjectiveSettings(), logp=x, logp_old=x, advantages=x)  # holes: masked sums take them

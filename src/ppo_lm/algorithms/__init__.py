@@ -1,7 +1,8 @@
 """The RL math of ppo-lm as pure tensor functions; nothing here knows about models.
 
-Per-token tensors are (B, T) over response positions, ``mask`` is right-padded, ``values[:, t]`` is
-V_old(x_t). See docs/algorithm.md §1 and §3 and each function's docstring for shapes and references.
+Per-token tensors are (B, T) over response positions, ``mask`` is right-padded (GAE's and
+returns-to-go's scans) or any 0/1 mask (masked sums; ``compute_advantages`` compacts holes for the
+scans), ``values[:, t]`` is V_old(x_t). See docs/algorithm.md §1 and §3 and each function's docstring for shapes and references.
 """
 
 from ._checks import assume_valid_masks, check_positive, check_response_mask, check_unit_interval

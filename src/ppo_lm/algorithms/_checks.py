@@ -47,15 +47,18 @@ def check_same_shape(ref_name: str, ref: Tensor, **others: Tensor | None) -> Non
             )
 
 
-def check_mask(mask: Tensor, *, always: bool = False) -> Tensor:
-    """Return ``mask`` as bool after checking it is 0/1 and right-padded (valid tokens a prefix);
-    inside :func:`assume_valid_masks` only when ``always``."""
+def check_mask(mask: Tensor, *, always: bool = False, right_padded: bool = True) -> Tensor:
+    """Return ``mask`` as bool after checking it is 0/1 and, with ``right_padded``, right-padded (valid
+    tokens a prefix; the scans of GAE and returns-to-go need it, :func:`~.registry.compute_advantages`
+    compacts a mask with holes for them); inside :func:`assume_valid_masks` only when ``always``.
+    Masked sums and means (losses, whitening, statistics) take any 0/1 mask: a multi-turn episode's
+    action tokens with its observation tokens between them as holes."""
     check = _check_values or always
     if mask.dtype != torch.bool:
         if check and not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError("`mask` must contain only 0 and 1")
         mask = mask.bool()
-    if check and mask.shape[-1] > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+    if check and right_padded and mask.shape[-1] > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
         raise ValueError(
             "`mask` must be right-padded: the valid tokens of each row must be a prefix "
             "(found a valid token after a padding position)"

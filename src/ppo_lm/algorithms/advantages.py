@@ -162,7 +162,7 @@ def masked_mean_var(
     Two passes (mean, then squared deviations from it): the one-pass E[x²] − mean² loses all
     precision when |mean| ≫ std, e.g. fp32 rewards near a constant score.
     """
-    m = check_mask(mask)
+    m = check_mask(mask, right_padded=False)
     sums = torch.stack([m.sum().to(x.dtype), x.where(m, 0).sum()])
     if all_reduce is not None:
         sums = all_reduce(sums)
@@ -198,7 +198,7 @@ def whiten(
         (B, T), 0 on padding.
     """
     check_same_shape("x", x, mask=mask)
-    m = check_mask(mask)
+    m = check_mask(mask, right_padded=False)
     mean, var = masked_mean_var(x, m, all_reduce=all_reduce)
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
@@ -307,7 +307,7 @@ def compact_tokens(mask: Tensor) -> Compaction:
 
 def broadcast_to_tokens(seq_values: Tensor, mask: Tensor) -> Tensor:
     """Put one value per response on each of its valid tokens: (B,) → (B, T), 0 on padding."""
-    m = check_mask(mask)
+    m = check_mask(mask, right_padded=False)
     if seq_values.shape != (m.shape[0],):
         raise ValueError(
             f"`seq_values` must have shape ({m.shape[0]},) (one value per response), got {tuple(seq_values.shape)}"

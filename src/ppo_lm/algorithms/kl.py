@@ -50,14 +50,15 @@ def shape_rewards(
     Args:
         scores: (B,) scalar score per response.
         logp_old, logp_ref: (B, T) log-probs of the sampled tokens under π_old and π_ref.
-        mask: (B, T) right-padded validity mask; every row needs at least one valid token.
+        mask: (B, T) validity mask, every row with at least one valid token; right-padded, or with holes
+            (a multi-turn episode's observation tokens): the score lands on the last valid token.
         step_rewards: (B, T) process rewards on the tokens that complete their steps (docs/algorithm.md
             §2.1), or None; what sits on padding is ignored.
     Returns:
         (B, T) rewards, 0 on padding.
     """
     check_same_shape("logp_old", logp_old, logp_ref=logp_ref, mask=mask)
-    m = check_mask(mask)
+    m = check_mask(mask, right_padded=False)
     if scores.shape != (m.shape[0],):
         raise ValueError(f"`scores` must have shape ({m.shape[0]},), got {tuple(scores.shape)}")
     if float(kl_coef) < 0:
@@ -72,7 +73,8 @@ def shape_rewards(
     if step_rewards is not None:
         check_same_shape("step_rewards", step_rewards, mask=mask)
         rewards = rewards + step_rewards.to(rewards.dtype).where(m, 0)
-    last = (lengths - 1).unsqueeze(1)
+    T = m.shape[1]
+    last = (T - 1 - m.flip(1).int().argmax(1)).unsqueeze(1)  # the last valid token (lengths − 1 when right-padded)
     return rewards.scatter_add(1, last, scores.to(rewards.dtype).unsqueeze(1))
 
 
@@ -96,7 +98,7 @@ def kl_loss_per_token(
         (kl (B, T), 0 on padding; clamped (B, T) bool, False on padding).
     """
     check_same_shape("logp", logp, logp_ref=logp_ref, mask=mask)
-    m = check_mask(mask)
+    m = check_mask(mask, right_padded=False)
     check_positive("clamp", clamp)
     kl = kl_penalty(logp.where(m, 0), logp_ref.detach().where(m, 0), kind)
     if clamp is None:

@@ -43,7 +43,7 @@ def aggregate(
         x, mask: (B, T). Returns a 0-dim tensor.
     """
     check_same_shape("x", x, mask=mask)
-    m = check_mask(mask)
+    m = check_mask(mask, right_padded=False)
     xm = x.where(m, 0)
     if mode == "token-mean":
         num = xm.sum()
@@ -101,7 +101,7 @@ def policy_loss(
         ``ratio_max``.
     """
     check_same_shape("logp", logp, logp_old=logp_old, advantages=advantages, mask=mask)
-    m = check_mask(mask)
+    m = check_mask(mask, right_padded=False)
     check_positive("clip_eps", clip_eps)
     check_positive("clip_eps_high", clip_eps_high)
     if dual_clip is not None and not float(dual_clip) > 1:
@@ -155,7 +155,7 @@ def pg_loss(
     Same arguments and stats as :func:`policy_loss`; clipping arguments are ignored.
     """
     check_same_shape("logp", logp, logp_old=logp_old, advantages=advantages, mask=mask)
-    m = check_mask(mask)
+    m = check_mask(mask, right_padded=False)
     log_ratio = (logp - logp_old.detach()).where(m, 0)
     ratio = log_ratio.exp()
     losses = -advantages.detach().where(m, 0) * ratio
@@ -181,7 +181,7 @@ def value_loss(
     Returns ``(loss, stats)`` with ``clip_frac`` (fraction where the clipped term is active).
     """
     check_same_shape("values", values, values_old=values_old, returns=returns, mask=mask)
-    m = check_mask(mask)
+    m = check_mask(mask, right_padded=False)
     check_positive("clip_eps", clip_eps)
     ret = returns.detach().where(m, 0)
     v = values.where(m, 0)
@@ -213,7 +213,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, *,
     """1 − Var(R̂ − V)/Var(R̂) over valid positions — of every rank when ``all_reduce`` sums over
     ranks — (NaN when Var(R̂) = 0). Args (B, T); 0-dim out."""
     check_same_shape("values", values, returns=returns, mask=mask)
-    m = check_mask(mask)
+    m = check_mask(mask, right_padded=False)
     r = returns.detach()
     _, var_r = masked_mean_var(r, m, unbiased=False, all_reduce=all_reduce)
     _, var_d = masked_mean_var(r - values.detach(), m, unbiased=False, all_reduce=all_reduce)
