@@ -66,13 +66,19 @@ def check_mask(mask: Tensor, *, always: bool = False, right_padded: bool = True)
     return mask
 
 
-def check_response_mask(mask: Tensor) -> None:
+def check_response_mask(mask: Tensor, action_mask: Tensor | None = None) -> None:
     """What the trainer checks once per rollout before running the algorithm functions inside
     :func:`assume_valid_masks`: a right-padded (B, T) mask with at least one valid token per row
-    (the token that carries the score)."""
+    (the token that carries the score); a multi-turn ``action_mask`` within it, with at least one
+    action token per row."""
     m = check_mask(mask, always=True)
     if m.dim() != 2 or bool((m.sum(1) == 0).any()):
         raise ValueError("`response_mask` must be (B, T) with at least one valid token in every row")
+    if action_mask is not None:
+        a = check_mask(action_mask, always=True, right_padded=False)
+        if a.shape != m.shape or bool((a & ~m).any()) or bool((a.sum(1) == 0).any()):
+            raise ValueError("`action_mask` must be (B, T) within `response_mask`, with at least one action token "
+                             "in every row")
 
 
 def check_unit_interval(name: str, value: float | Tensor | None, *, open_low: bool = False,

@@ -100,7 +100,13 @@ class RolloutBatch:
     block width (right-padded). Detached data.
 
     input_ids, attention_mask: (B, P + T) prompt ‖ response.
-    response_mask: (B, T) bool, valid response tokens (the stop token included).
+    response_mask: (B, T) bool, valid response tokens (the stop token included); in a multi-turn
+        episode every token after the first prompt, the observations between turns included.
+    action_mask: (B, T) bool, the tokens the policy sampled — a multi-turn episode's turns, with holes
+        at its observation tokens (:mod:`ppo_lm.rollout.episodes`); None for single-turn (= response_mask).
+        Losses, the KL, entropy, values and advantages are over :attr:`loss_mask`.
+    episode_info: multi-turn only, (B,) tensors by name: ``turns``, ``observation_tokens``,
+        ``context_truncated`` (an observation did not fit ``rollout.max_episode_tokens``); else None.
     terminated: (B,) bool, True when a stop token ended the response (False = cut by the limit).
     logp_old, logp_ref: (B, T) log-probs of the sampled tokens under π_old and π_ref.
     scores: (B,) verifier / reward-model score (after the missing-EOS penalty).
@@ -126,6 +132,8 @@ class RolloutBatch:
     scores: Tensor
     values_old: Tensor | None = None
     bootstrap_values: Tensor | None = None
+    action_mask: Tensor | None = None
+    episode_info: dict[str, Tensor] | None = None
     step_rewards: Tensor | None = None
     step_counts: Tensor | None = None
     gold_scores: Tensor | None = None
@@ -141,6 +149,11 @@ class RolloutBatch:
     def lengths(self) -> Tensor:
         return self.response_mask.sum(1)
 
+    @property
+    def loss_mask(self) -> Tensor:
+        """(B, T) the tokens that carry losses, KL, values and advantages: the sampled ones."""
+        return self.response_mask if self.action_mask is None else self.action_mask
+
     def select(self, idx: Tensor, *, trim: bool = True) -> RolloutBatch:
         """Rows ``idx`` (see :func:`_select`)."""
         return _select(self, idx, trim)
@@ -150,7 +163,7 @@ class RolloutBatch:
         return UpdateBatch(
             input_ids=self.input_ids, attention_mask=self.attention_mask, prompt_width=self.prompt_width,
             response_mask=self.response_mask, logp_old=self.logp_old, logp_ref=self.logp_ref,
-            advantages=advantages, values_old=self.values_old, returns=returns,
+            advantages=advantages, values_old=self.values_old, returns=returns, action_mask=self.action_mask,
         )
 
 
@@ -158,7 +171,8 @@ class RolloutBatch:
 class UpdateBatch:
     """The update's data (docs/algorithm.md §1.4): a rollout's sequences and stored log-probs and values, with
     the advantages Â and critic targets R̂ of steps 2–3. Shapes as :class:`RolloutBatch`;
-    advantages (B, T); values_old, returns (B, T), or None without a critic."""
+    advantages (B, T); values_old, returns (B, T), or None without a critic; action_mask (B, T) or None
+    (single-turn), as in :class:`RolloutBatch`."""
 
     input_ids: Tensor
     attention_mask: Tensor
@@ -169,10 +183,15 @@ class UpdateBatch:
     advantages: Tensor
     values_old: Tensor | None = None
     returns: Tensor | None = None
+    action_mask: Tensor | None = None
 
     @property
     def size(self) -> int:
         return self.input_ids.shape[0]
+
+    @property
+    def loss_mask(self) -> Tensor:
+        return self.response_mask if self.action_mask is None else self.action_mask
 
     def select(self, idx: Tensor, *, trim: bool = True) -> UpdateBatch:
         """Rows ``idx`` (see :func:`_select`)."""

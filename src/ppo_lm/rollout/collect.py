@@ -88,24 +88,77 @@ def score_rollout(models: RolloutModels, tokenizer, prompt_rows: list[dict], pro
                   prompt_mask: Tensor, gen: Generation, *, prompt_column: str, samples_per_prompt: int,
                   temperature: float, forward_batch_size: int, missing_eos_penalty: float,
                   device: torch.device | str, lanes: Lanes | None) -> RolloutBatch:
-    """The sampled responses ``gen`` of (B, P) prompts scored by every model — π_old (unless the sampler
-    gave logp_old), π_ref, V_old, reward models — in length groups of rows, then by the verifiers."""
-    B, P = prompt_ids.shape
+    """The sampled responses ``gen`` of (B, P) prompts scored by every model (:func:`score_sequences`),
+    then by the verifiers."""
+    P = prompt_ids.shape[1]
     input_ids = torch.cat([prompt_ids, gen.responses], 1)
     attention_mask = torch.cat([prompt_mask, gen.mask.to(prompt_mask.dtype)], 1)
     T = gen.responses.shape[1]
-    logp_old = torch.zeros(B, T, device=device)
+    lengths = gen.mask.sum(1)
+    # By default logp_old comes from the training forward (not the decode logits), so the first
+    # update's ratio is 1 to rounding.
+    sampler_logp = gen.logprobs if gen.logprobs is not None and not models.shared_critic else None
+    logp_old, logp_ref, values_all, term_scores = score_sequences(
+        models, input_ids, attention_mask, P, lengths, temperature=temperature,
+        forward_batch_size=forward_batch_size, device=device, lanes=lanes, sampler_logp=sampler_logp)
+
+    kept = kept_ids(gen)
+    responses_text = tokenizer.batch_decode(kept, skip_special_tokens=True)
+    columns = {k: [row[k] for row in prompt_rows for _ in range(samples_per_prompt)]
+               for k in prompt_rows[0] if k != prompt_column}
+    scores, gold, steps = verify(models, prompts, responses_text, columns, term_scores, device=device)
+    step_rewards = step_counts = None
+    if steps is not None:  # process rewards: each on the token that completes its character
+        step_rewards, step_counts = step_reward_tensor(tokenizer, kept, responses_text, steps, T, device=device)
+    if missing_eos_penalty:
+        scores = scores - missing_eos_penalty * (~gen.terminated).float()
+
+    values_old, bootstrap = old_values(values_all, gen.mask)
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        prompt_width=P,
+        response_mask=gen.mask,
+        terminated=gen.terminated,
+        logp_old=logp_old.where(gen.mask, 0),
+        logp_ref=logp_ref.where(gen.mask, 0),
+        scores=scores.float(),
+        values_old=values_old,
+        bootstrap_values=bootstrap,
+        step_rewards=step_rewards,
+        step_counts=step_counts,
+        gold_scores=gold,
+        score_terms={term.name: s.float() for term, s in zip(models.rewards, term_scores)}
+        if len(models.rewards) > 1 else None,
+        prompts=prompts,
+        responses=responses_text,
+    )
+
+
+def old_values(values_all: Tensor | None, mask: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """(B, T + 1) values of a scoring forward → V_old (B, T) on the valid tokens and the bootstrap value
+    V_old(x_{l+1}) (B,) of the context after each row's last token; Nones without a critic."""
+    if values_all is None:
+        return None, None
+    T = mask.shape[1]
+    return values_all[:, :T].where(mask, 0), values_all.gather(1, mask.sum(1).unsqueeze(1)).squeeze(1)
+
+
+def score_sequences(models: RolloutModels, input_ids: Tensor, attention_mask: Tensor, P: int, lengths: Tensor, *,
+                    temperature: float, forward_batch_size: int, device: torch.device | str, lanes: Lanes | None,
+                    sampler_logp: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None, list[Tensor]]:
+    """Every model's forward over (B, P + T) prompt ‖ response sequences whose responses have ``lengths``
+    (B,) tokens — π_old (unless ``sampler_logp`` gives logp_old), π_ref, V_old, reward models — in
+    length groups of rows. Returns ``(logp_old (B, T), logp_ref (B, T), values (B, T + 1) or None,
+    reward-model scores (B,) per reward term, zeros for verifiers)``."""
+    B = input_ids.shape[0]
+    T = input_ids.shape[1] - P
+    logp_old = torch.zeros(B, T, device=device) if sampler_logp is None else sampler_logp
     logp_ref = torch.zeros(B, T, device=device)
     values_all = None
     if models.critic is not None or models.shared_critic:
         values_all = torch.zeros(B, T + 1, device=device)
-    lengths = gen.mask.sum(1)
     groups = agreed_length_groups(lengths, forward_batch_size, prompt_width=P)  # (rows, response width) per forward
-    # By default logp_old comes from the training forward (not the decode logits), so the first
-    # update's ratio is 1 to rounding.
-    sampler_logp = gen.logprobs is not None and not models.shared_critic
-    if sampler_logp:
-        logp_old = gen.logprobs
     last_index = P + lengths - 1
     term_scores = [torch.zeros(B, device=device) for _ in models.rewards]
 
@@ -113,7 +166,7 @@ def score_rollout(models: RolloutModels, tokenizer, prompt_rows: list[dict], pro
         # Every model on these rows; the outputs are preallocated and rows are disjoint between lanes.
         ids, mask = input_ids[rows, : P + w], attention_mask[rows, : P + w]
         with torch.no_grad():
-            if not sampler_logp:
+            if sampler_logp is None:
                 out = models.policy(ids, mask, P, temperature=temperature, with_values=models.shared_critic)
                 logp_old[rows, :w] = out["logp"]
                 if models.shared_critic:
@@ -141,42 +194,8 @@ def score_rollout(models: RolloutModels, tokenizer, prompt_rows: list[dict], pro
         with adapters_off(models.ref.lm):
             for rows, w in groups:
                 lanes.map_rows(partial(score_ref, w=w), rows, lengths[rows], P)
-    logp_ref = logp_ref.clone()  # leave inference mode: these tensors are used next to autograd ones
-
-    kept = kept_ids(gen)
-    responses_text = tokenizer.batch_decode(kept, skip_special_tokens=True)
-    columns = {k: [row[k] for row in prompt_rows for _ in range(samples_per_prompt)]
-               for k in prompt_rows[0] if k != prompt_column}
-    scores, gold, steps = verify(models, prompts, responses_text, columns, term_scores, device=device)
-    step_rewards = step_counts = None
-    if steps is not None:  # process rewards: each on the token that completes its character
-        step_rewards, step_counts = step_reward_tensor(tokenizer, kept, responses_text, steps, T, device=device)
-    if missing_eos_penalty:
-        scores = scores - missing_eos_penalty * (~gen.terminated).float()
-
-    values_old = bootstrap = None
-    if values_all is not None:
-        values_old = values_all[:, :T].where(gen.mask, 0)
-        bootstrap = values_all.gather(1, lengths.unsqueeze(1)).squeeze(1)
-    return RolloutBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        prompt_width=P,
-        response_mask=gen.mask,
-        terminated=gen.terminated,
-        logp_old=logp_old.where(gen.mask, 0),
-        logp_ref=logp_ref.where(gen.mask, 0),
-        scores=scores.float(),
-        values_old=values_old,
-        bootstrap_values=bootstrap,
-        step_rewards=step_rewards,
-        step_counts=step_counts,
-        gold_scores=gold,
-        score_terms={term.name: s.float() for term, s in zip(models.rewards, term_scores)}
-        if len(models.rewards) > 1 else None,
-        prompts=prompts,
-        responses=responses_text,
-    )
+    # leave inference mode: these tensors are used next to autograd ones
+    return logp_old, logp_ref.clone(), values_all, term_scores
 
 
 def verify(models: RolloutModels, prompts: list, responses: list[str], columns: dict[str, list],

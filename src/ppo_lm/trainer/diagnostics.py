@@ -15,7 +15,7 @@ def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, re
     """The rollout's diagnostics of docs/algorithm.md §4, global over ranks: scores (mean, spread, groups
     without signal, each reward term), KL, lengths, truncation, advantages, and the critic's fit.
     ``rewards`` (B, T) shaped; ``advantages``, ``returns`` (B, T) from steps 2–3."""
-    mask = batch.response_mask
+    mask = batch.loss_mask  # the sampled tokens (a multi-turn episode's observations apart)
     mf = mask.float()
     lengths = mf.sum(1)
     kl = kl_penalty(batch.logp_old, batch.logp_ref, kl_estimator).where(mask, 0).sum(1)
@@ -59,6 +59,16 @@ def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, re
                                                             batch.step_counts.sum().cpu()]).double()).tolist()
         m["step_reward_mean"] = s_steps / max(n_steps, 1.0)
         m["steps_per_response"] = n_steps / n
+    if batch.episode_info is not None:  # multi-turn episodes
+        info = batch.episode_info
+        sums = torch.stack([info["turns"].sum().cpu(), info["observation_tokens"].sum().cpu(),
+                            info["context_truncated"].sum().cpu(), batch.terminated.sum().cpu()]).double()
+        s_turns, s_obs, s_ctx, s_done = dist.all_reduce_sum(sums).tolist()
+        m["turns_mean"] = s_turns / n
+        m["observation_tokens_mean"] = s_obs / n
+        m["done_frac"] = s_done / n
+        m["truncated_by_context_frac"] = s_ctx / n
+        m["reward_per_turn"] = (s_score + (m.get("step_reward_mean", 0.0) * m.get("steps_per_response", 0.0) * n)) / s_turns
     if batch.gold_scores is not None:
         m["gold_score"] = float(dist.all_reduce_sum(batch.gold_scores.sum().double().cpu())) / n
     if batch.values_old is not None and returns is not None:

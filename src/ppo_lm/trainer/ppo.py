@@ -216,8 +216,8 @@ class PPOTrainer:
         reward_beta = beta if a.kl_in == "reward" else 0.0
 
         # Checked once here; the algorithm functions below then skip their per-call mask checks.
-        mask = batch.response_mask
-        check_response_mask(mask)
+        check_response_mask(batch.response_mask, batch.action_mask)
+        mask = batch.loss_mask  # the sampled tokens: a multi-turn episode's observations carry no loss
         with assume_valid_masks():
             with timer("advantage_s"):
                 # 2. Shaped reward: r_t = step_t − β·kl_t, plus the score at the last token (KL in the

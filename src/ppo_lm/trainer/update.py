@@ -102,7 +102,7 @@ def forward_backward(learner: Learner, mb: UpdateBatch, objective: ObjectiveSett
     "critic") — one after the other, so the policy's activations are freed before the critic's
     forward. Each loss is the rows' sum over loss units ÷ ``count`` (:func:`minibatch_count`), so the
     gradients summed over every call of the minibatch are exactly the whole minibatch's."""
-    m, P = mb.response_mask, mb.prompt_width
+    m, P = mb.loss_mask, mb.prompt_width
     finite, stats = True, UpdateStats()
     if train_policy or values_from == "policy":
         out = learner.policy_fwd(
@@ -196,7 +196,7 @@ def ppo_update(
                 mb_idx = perm[k * mb_size : (k + 1) * mb_size]
 
                 # 4a. Forward, objective and backward, micro-batch by micro-batch, into .grad.
-                count = minibatch_count(batch.response_mask[mb_idx], a.loss_agg)
+                count = minibatch_count(batch.loss_mask[mb_idx], a.loss_agg)
 
                 def rows_forward_backward(rows: Tensor, count=count, first_epoch=epoch == 0, policy_now=policy_now,
                                           values_now=values_from if critic_now else None) -> RowsResult:
