@@ -348,11 +348,12 @@ class PromptSet(NamedTuple):
 
 
 def build_prompts(cfg: TrainConfig, tokenizer, policy_lm: nn.Module, rows: list[dict],
-                  eval_rows: list[dict] | None, *, given: bool = False) -> PromptSet:
+                  eval_rows: list[dict] | None, *, given: bool = False, env: bool = False) -> PromptSet:
     """Stop tokens (and a pad token that is none of them, for the tokenizer the checkpoints save:
     :func:`ensure_pad_token`), then the prompt rows — checked when
     ``given`` from Python (read rows were checked by the start-up checks) — and the held-out rows,
-    their chat messages rendered with the chat template, each prompt checked against the context."""
+    their chat messages rendered with the chat template, each prompt checked against the context.
+    ``env``: the rows as they are, for a multi-turn environment's reset."""
     stop_ids = [tokenizer.eos_token_id, *generation_stop_ids(policy_lm)]
     for s in cfg.rollout.stop_tokens:
         stop_ids.append(single_token_id(tokenizer, s, "rollout.stop_tokens"))
@@ -362,6 +363,8 @@ def build_prompts(cfg: TrainConfig, tokenizer, policy_lm: nn.Module, rows: list[
     d = cfg.data
     if given:
         prompts.check_prompt_rows(rows, d.prompt_column, source="`prompt_rows`")
+    if env:  # the rows go to the environment's reset as they are; it writes the prompts
+        return PromptSet(rows, eval_rows, False, tuple(stop_ids))
     rows, chat = prompts.render_prompts(rows, d.prompt_column, d.chat_template, tokenizer)
     context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
     fits = dict(max_prompt_tokens=context - cfg.rollout.max_new_tokens, add_special_tokens=not chat)

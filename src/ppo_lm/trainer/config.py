@@ -168,6 +168,19 @@ class RolloutConfig:
     """Take logp_old from the sampler's logits instead of a scoring forward of the policy (saves
     one policy forward per iteration). The two agree within 1e-5 but not exactly, so the first
     update's ratio is 1 only to ≈ 1e-6. Ignored with a shared critic (its values need the forward)."""
+    env: str | None = None
+    """A multi-turn environment, 'path/to/env.py:Class' or 'module:Class' (docs/environments.md): each
+    episode is an instance, reset with a prompt row and a seed, stepped with each turn's text; its turn
+    rewards replace `model.reward`. None = single-turn, scored by `model.reward`."""
+    max_turns: int = setting(4, ge=1)
+    """With `env`: turns per episode at most; an episode still running after them is truncated and
+    bootstraps from V of its last context (docs/algorithm.md §1.3)."""
+    max_episode_tokens: int = setting(0, ge=0)
+    """With `env`: tokens of an episode at most, prompt, turns and observations together; an observation
+    that does not fit ends the episode (truncated, counted in `truncated_by_context_frac`). 0 = the
+    policy's context."""
+    env_timeout_s: float = setting(30.0, gt=0, finite=True)
+    """With `env`: seconds each call of the environment (constructor, reset, step) may take."""
 
 
 @dataclass

@@ -67,6 +67,10 @@ def banner(trainer) -> str:
         lines.append(f"  critic    {type(trainer.critic.model).__name__}: {parameters(trainer.critic)}")
     elif trainer.shared_critic:
         lines.append("  critic    a value head on the policy's body")
+    if trainer.env_cls is not None:
+        e = trainer.episode_settings
+        lines.append(f"  env       {cfg.rollout.env}: ≤ {e.max_turns} turns, ≤ {e.max_episode_tokens} tokens per episode "
+                     "(its turn rewards are the reward)")
     for term in trainer.rewards:
         weight = f" × {term.weight:g}" if len(trainer.rewards) > 1 else ""
         what = f"model: {parameters(term.model)}" if term.model is not None else "verifier"

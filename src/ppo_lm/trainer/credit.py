@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..algorithms import adaptive_lambda, get_advantage_estimator, kl_penalty
-from ..algorithms.advantages import td_residuals
+from ..algorithms.advantages import compact_tokens, td_residuals
 from ..rollout.batch import RolloutBatch
 from .config import AlgoConfig, TrainConfig
 
@@ -62,7 +62,7 @@ def ratio_after_update(policy, batch: RolloutBatch, temperature: float) -> Tenso
     """
     with torch.no_grad():
         logp = policy(batch.input_ids, batch.attention_mask, batch.prompt_width, temperature=temperature)["logp"]
-    return torch.exp(logp.float() - batch.logp_old.float()).where(batch.response_mask, 0)
+    return torch.exp(logp.float() - batch.logp_old.float()).where(batch.loss_mask, 0)
 
 
 def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, tokenizer, algo: AlgoConfig,
@@ -78,17 +78,18 @@ def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, t
     raw_is = get_advantage_estimator(algo.estimator).advantages_are
     rows = torch.arange(k, device=batch.input_ids.device)
     b = batch.select(rows, trim=False)
-    mask = b.response_mask
-    lengths = mask.sum(1)
+    mask = b.loss_mask  # multi-turn: the action tokens; observation tokens get 0 in every column
+    lengths = b.response_mask.sum(1)
     rewards = targets.rewards[:k]
     kl = kl_penalty(b.logp_old, b.logp_ref, algo.kl_estimator).where(mask, 0)
     deltas = lam = None
-    if b.values_old is not None:
-        deltas = td_residuals(rewards, b.values_old, mask, gamma=algo.gamma, terminated=b.terminated,
-                              bootstrap_values=b.bootstrap_values)
+    if b.values_old is not None:  # across turns, over the compacted action tokens (docs/algorithm.md §1.3)
+        c = compact_tokens(mask)
+        deltas = c.scatter(td_residuals(c.gather(rewards), c.gather(b.values_old), c.mask, gamma=algo.gamma,
+                                        terminated=b.terminated, bootstrap_values=b.bootstrap_values))
     if algo.estimator == "gae":
         lam = ([algo.gae_lambda] * k if algo.adaptive_lambda_alpha is None
-               else adaptive_lambda(lengths, algo.adaptive_lambda_alpha).tolist())
+               else adaptive_lambda(mask.sum(1), algo.adaptive_lambda_alpha).tolist())
     per_token = {
         "logp_old": b.logp_old, "logp_ref": b.logp_ref, "kl": kl, "reward": rewards, "value": b.values_old,
         "delta": deltas, "advantage_raw": targets.advantages_raw[:k], "advantage": targets.advantages[:k],
@@ -121,6 +122,7 @@ def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, t
             "token_ids": token_ids,
             "tokens": [tokenizer.decode([t], skip_special_tokens=False) for t in token_ids],
             **{key: _row(per_token[key], i, n) for key in PER_TOKEN_KEYS},
+            **({} if b.action_mask is None else {"action": b.action_mask[i, :n].tolist()}),
         })
     return records
 

@@ -61,14 +61,16 @@ def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, re
         m["steps_per_response"] = n_steps / n
     if batch.episode_info is not None:  # multi-turn episodes
         info = batch.episode_info
+        turn_rewards = batch.scores.sum() + batch.step_rewards.where(mask, 0).sum()  # every turn's reward
         sums = torch.stack([info["turns"].sum().cpu(), info["observation_tokens"].sum().cpu(),
-                            info["context_truncated"].sum().cpu(), batch.terminated.sum().cpu()]).double()
-        s_turns, s_obs, s_ctx, s_done = dist.all_reduce_sum(sums).tolist()
+                            info["context_truncated"].sum().cpu(), batch.terminated.sum().cpu(),
+                            turn_rewards.cpu()]).double()
+        s_turns, s_obs, s_ctx, s_done, s_turn_rewards = dist.all_reduce_sum(sums).tolist()
         m["turns_mean"] = s_turns / n
         m["observation_tokens_mean"] = s_obs / n
         m["done_frac"] = s_done / n
         m["truncated_by_context_frac"] = s_ctx / n
-        m["reward_per_turn"] = (s_score + (m.get("step_reward_mean", 0.0) * m.get("steps_per_response", 0.0) * n)) / s_turns
+        m["reward_per_turn"] = s_turn_rewards / s_turns
     if batch.gold_scores is not None:
         m["gold_score"] = float(dist.all_reduce_sum(batch.gold_scores.sum().double().cpu())) / n
     if batch.values_old is not None and returns is not None:

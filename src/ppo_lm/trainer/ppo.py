@@ -31,6 +31,8 @@ from ..models.actor_critic import RewardScorer
 from ..models.hf_compat import enable_checkpointing
 from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
+from ..rollout.environment import Renderer
+from ..rollout.episodes import EpisodeSettings, collect_episodes
 from ..rollout.evaluate import evaluate
 from ..rollout.reward import RewardTerm, combine_terms, score_with_verifier
 from ..rollout.sampling import SamplingParams
@@ -86,6 +88,7 @@ class PPOTrainer:
         self.rank, self.world = dist.rank(), dist.world_size()
         self.output_dir = Path(self.cfg.output_dir)
         self.estimator = get_advantage_estimator(self.cfg.algo.estimator)
+        self.env_cls = pre.env_cls  # multi-turn episodes (rollout.env), else None
 
         terms, policy_lm = self._build_models(pre, policy, tokenizer, verifier)
         self._build_prompts(pre, prompt_rows, policy_lm)
@@ -109,7 +112,8 @@ class PPOTrainer:
         self.shared_critic = self.estimator.needs_critic and cfg.model.critic == "shared"
         self.policy = builders.build_policy_module(cfg, policy_lm,
                                                    with_value_head=self.shared_critic).to(self.device)
-        terms = (builders.given_reward_terms(verifier, cfg.model) if verifier is not None
+        terms = ([] if self.env_cls is not None  # the environment's turn rewards replace model.reward
+                 else builders.given_reward_terms(verifier, cfg.model) if verifier is not None
                  else builders.reward_terms(cfg.model, pre.verifiers, cfg.model.dtype))
         for term in terms:
             if term.model is not None:
@@ -137,8 +141,15 @@ class PPOTrainer:
         cfg = self.cfg
         rows = list(prompt_rows) if prompt_rows is not None else pre.prompt_rows
         found = builders.build_prompts(cfg, self.tokenizer, policy_lm, rows, pre.eval_rows,
-                                       given=prompt_rows is not None)
+                                       given=prompt_rows is not None, env=self.env_cls is not None)
         self.prompt_rows, self.eval_rows, self.chat_prompts = found.rows, found.eval_rows, found.chat
+        if self.env_cls is not None:
+            r, d = cfg.rollout, cfg.data
+            context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
+            self.episode_settings = EpisodeSettings(r.max_turns, min(r.max_episode_tokens or context, context),
+                                                    r.env_timeout_s)
+            template = Path(d.chat_template).read_text() if d.chat_template not in ("auto", "none") else None
+            self.renderer = Renderer(self.tokenizer, template, chat=d.chat_template != "none")
         self.sampling = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
             top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=found.stop_ids,
@@ -194,12 +205,29 @@ class PPOTrainer:
         batch = self.rollout(iteration, timer)
         return self.learn(batch, iteration, timer)
 
+    def episode_seeds(self, iteration: int, n: int) -> list[int]:
+        """A seed per episode of this rank's share of ``iteration``: a fixed function of the run's seed,
+        the iteration and the episode, so a resumed run's environments replay the same episodes."""
+        base = (self.cfg.seed * 1_000_003 + iteration) * 10_007 + self.rank * n
+        return [base + i for i in range(n)]
+
     def rollout(self, iteration: int, timer: Timer | None = None) -> RolloutBatch:
-        # 1. Rollout: sample with π_old, then score with π_old, π_ref, V_old and the reward.
+        # 1. Rollout: sample with π_old, then score with π_old, π_ref, V_old and the reward — or, with an
+        #    environment, run every episode turn by turn, then score the whole episodes.
         cfg = self.cfg
+        models = RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.rewards,
+                               self.gold_verifier)
+        if self.env_cls is not None:
+            rows = self.prompts_for(iteration)
+            return collect_episodes(
+                models, self.tokenizer, self.env_cls, rows,
+                self.episode_seeds(iteration, len(rows) * cfg.rollout.samples_per_prompt),
+                renderer=self.renderer, sampling=self.sampling, settings=self.episode_settings,
+                samples_per_prompt=cfg.rollout.samples_per_prompt, generator=self.sample_gen,
+                forward_batch_size=cfg.rollout.forward_batch_size, device=self.device, timer=timer,
+                lanes=self.learner.lanes)
         return collect_rollout(
-            RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.rewards, self.gold_verifier),
-            self.tokenizer, self.prompts_for(iteration), prompt_column=cfg.data.prompt_column,
+            models, self.tokenizer, self.prompts_for(iteration), prompt_column=cfg.data.prompt_column,
             sampling=self.sampling, samples_per_prompt=cfg.rollout.samples_per_prompt,
             generator=self.sample_gen, forward_batch_size=cfg.rollout.forward_batch_size,
             missing_eos_penalty=cfg.rollout.missing_eos_penalty, device=self.device, timer=timer,

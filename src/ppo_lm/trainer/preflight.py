@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..models.loading import check_model_dir, check_tokenizer_dir
+from ..rollout.environment import load_env
 from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError
 from . import builders
@@ -40,6 +41,8 @@ class Preflight:
     loaded); None when rows were given from Python."""
     eval_rows: list[dict] | None
     """The held-out prompts of ``data.eval_prompts``; None without."""
+    env_cls: type | None = None
+    """The environment class of ``rollout.env`` (imported); None for single-turn."""
 
 
 def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: bool = False,
@@ -75,6 +78,16 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
         raise ConfigError(f"`data.chat_template` {cfg.data.chat_template!r} is not a file; give a Jinja template "
                           "file, 'auto' (the tokenizer's template) or 'none'")
 
+    env_cls = None
+    if cfg.rollout.env is not None:  # its turn rewards replace model.reward (docs/environments.md)
+        specs = []
+        if cfg.data.eval_prompts is not None:
+            raise ConfigError("`data.eval_prompts` with `rollout.env`: held-out evaluation of multi-turn episodes is "
+                              "not available yet; evaluate with your environment on a saved checkpoint")
+        try:
+            env_cls = load_env(cfg.rollout.env)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     verifiers = {spec: builders.load_reward_verifier(spec) for spec, _ in specs if not builders.is_model_path(spec)}
     gold = builders.build_gold_verifier(m)
     rows = None if prompt_rows_given else builders.read_prompt_rows(cfg.data, seed=cfg.seed)
@@ -84,7 +97,7 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
             raise ConfigError("`data.eval_prompts`: evaluation scores with a verifier, but `model.reward` includes a "
                               "reward model; set `model.gold_reward` to the verifier to evaluate with")
         eval_rows = builders.read_prompt_rows(cfg.data, seed=cfg.seed, held_out=True)
-    return Preflight(resuming, verifiers, gold, rows, eval_rows)
+    return Preflight(resuming, verifiers, gold, rows, eval_rows, env_cls)
 
 
 def _check_one_label(config: dict, spec: str) -> None:

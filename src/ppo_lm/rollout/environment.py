@@ -1,0 +1,164 @@
+"""A user's environment (docs/environments.md): loading its class, calling it with a time limit and
+checking what it returns, and rendering its messages to observation tokens.
+
+The protocol, one instance per episode::
+
+    class MyEnv:
+        def reset(self, row: dict, seed: int) -> str | list[dict]: ...     # the first prompt
+        def step(self, text: str) -> tuple[str | list[dict] | None, float, bool]: ...
+            # (what the environment answers, or None; this turn's reward; done)
+
+Text prompts and answers are appended as they are; messages are rendered by the chat template, and
+the trained sequence takes only the tokens the rendering adds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+from dataclasses import dataclass, field
+
+from ..data.prompts import is_conversation
+from ..runtime.errors import UserError
+from .reward import load_verifier, user_frames
+
+SENTINEL = "\u2063ppo-lm-turn\u2063"
+"""Assistant content used to find what a chat template writes after an assistant message."""
+
+
+class EnvError(UserError, RuntimeError):
+    """The environment raised, returned the wrong types or ran past its time limit."""
+
+
+def load_env(spec: str, field_name: str = "rollout.env") -> type:
+    """The environment class of ``'path/to/env.py:Class'`` or ``'module:Class'`` (ValueError naming the
+    field otherwise); it must have ``reset`` and ``step``."""
+    cls = load_verifier(spec, field_name)
+    missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
+    if missing or not isinstance(cls, type):
+        raise ValueError(f"`{field_name}`={spec!r}: an environment is a class with reset(row, seed) and step(text) "
+                         f"(docs/environments.md); {getattr(cls, '__name__', cls)!r} "
+                         + (f"has no {' or '.join(missing)}" if missing else "is not a class"))
+    return cls
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, what: str):
+    """Raise :class:`EnvError` when the body runs past ``seconds`` (SIGALRM: main thread only; elsewhere
+    the body runs unlimited)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expired(signum, frame):
+        raise EnvError(f"the environment's {what} ran past its time limit of {seconds:g} s (`rollout.env_timeout_s`)")
+
+    before = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
+def call_env(fn, *args, seconds: float, what: str):
+    """``fn(*args)`` under :func:`time_limit`; what the user's code raises becomes one :class:`EnvError`
+    line with its own frames."""
+    try:
+        with time_limit(seconds, what):
+            return fn(*args)
+    except EnvError:
+        raise
+    except Exception as e:
+        raise EnvError(f"the environment's {what} raised {type(e).__name__}: {e}{user_frames(e)}") from e
+
+
+def check_reset(out, row_index: int):
+    if isinstance(out, str) and out or is_conversation(out):
+        return out
+    raise EnvError(f"the environment's reset returned {type(out).__name__} {str(out)[:60]!r} for row {row_index}; "
+                   "it must return the first prompt: a non-empty str, or a list of {'role', 'content'} messages")
+
+
+def check_step(out) -> tuple[str | list[dict] | None, float, bool]:
+    if not (isinstance(out, tuple) and len(out) == 3):
+        raise EnvError(f"the environment's step returned {type(out).__name__} {str(out)[:60]!r}; it must return "
+                       "(observation: str | list of messages | None, reward: float, done: bool)")
+    obs, reward, done = out
+    if not (obs is None or isinstance(obs, str) or is_conversation(obs)):
+        raise EnvError(f"the environment's step returned an observation of type {type(obs).__name__}; give a str, "
+                       "a list of {'role', 'content'} messages, or None")
+    try:
+        reward = float(reward)
+    except (TypeError, ValueError):
+        raise EnvError(f"the environment's step returned a reward of type {type(reward).__name__}; give a number") from None
+    if not math.isfinite(reward):
+        raise EnvError(f"the environment's step returned the reward {reward}; give a finite number")
+    if not isinstance(done, bool):
+        raise EnvError(f"the environment's step returned done={done!r}; give True or False")
+    return obs, reward, done
+
+
+@dataclass
+class Renderer:
+    """Observation tokens for an environment's answers. An episode whose first prompt is text appends
+    text as it is; one whose first prompt is messages is rendered by the chat template (``template``,
+    Jinja source; None = the tokenizer's), and only the tokens the rendering adds are appended."""
+
+    tokenizer: object
+    template: str | None = None
+    chat: bool = True  # False: `data.chat_template` none, messages are refused
+    _closing: str | None = field(default=None, repr=False)
+
+    @property
+    def has_template(self) -> bool:
+        return self.chat and (self.template is not None or bool(getattr(self.tokenizer, "chat_template", None)))
+
+    def render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
+
+    def first_prompt(self, out: str | list[dict]) -> tuple[list[int], list[dict] | None]:
+        """The first prompt's ids (as the single-turn rollout encodes prompts) and the conversation
+        (None for a text prompt)."""
+        if isinstance(out, str):
+            return self.tokenizer(out, add_special_tokens=True)["input_ids"], None
+        if not self.has_template:
+            raise EnvError("the environment's reset returned chat messages but the tokenizer has no chat template; "
+                           "return text, or set `data.chat_template` to a Jinja file")
+        return self.tokenizer(self.render(out, True), add_special_tokens=False)["input_ids"], list(out)
+
+    def closing(self, history: list[dict]) -> str:
+        """What the template writes after an assistant message's content (e.g. ``<|im_end|>\\n``)."""
+        if self._closing is None:
+            text = self.render([*history, {"role": "assistant", "content": SENTINEL}], False)
+            self._closing = text[text.rindex(SENTINEL) + len(SENTINEL):] if SENTINEL in text else ""
+        return self._closing
+
+    def observation(self, history: list[dict] | None, text: str, stop_text: str | None,
+                    obs: str | list[dict]) -> tuple[list[int], list[dict] | None]:
+        """The tokens that follow the sampled ones. Text: its tokens. Messages: the rest of the assistant
+        turn's closing after the sampled stop token, then the new messages and the next assistant
+        opening — what the template's rendering with them adds to the rendering without. ``stop_text``:
+        the decoded stop token the turn ended with (None when cut by the length limit). Returns the ids
+        and the conversation with the assistant's text and ``obs`` appended."""
+        if history is None:
+            if not isinstance(obs, str):
+                raise EnvError("the environment's step returned chat messages in an episode that reset started "
+                               "with text; return text")
+            return self.tokenizer(obs, add_special_tokens=False)["input_ids"], None
+        if isinstance(obs, str):
+            raise EnvError("the environment's step returned text in an episode that reset started with chat "
+                           "messages; return a list of {'role', 'content'} messages")
+        done = [*history, {"role": "assistant", "content": text}]
+        before, after = self.render(done, False), self.render([*done, *obs], True)
+        if not after.startswith(before):
+            raise EnvError("the chat template renders the conversation differently once the environment's messages "
+                           "are added (not prefix-stable); multi-turn training needs a template that appends turns")
+        closing = self.closing(history)
+        if stop_text and closing.startswith(stop_text):
+            closing = closing[len(stop_text):]
+        return self.tokenizer(closing + after[len(before):], add_special_tokens=False)["input_ids"], [*done, *obs]

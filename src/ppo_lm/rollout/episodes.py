@@ -1,0 +1,177 @@
+"""Step 1 for multi-turn environments (docs/environments.md): every episode of an iteration advances
+turn by turn in one batch, then the whole episodes are scored like single-turn responses.
+
+Token-in-token-out: an episode's sequence is its first prompt's ids, then per turn the ids the policy
+sampled (never re-tokenized) and the observation ids the environment's answer renders to. Sampled
+ids are action tokens; observation ids are context only (no loss, KL, entropy or value target). A
+turn's reward lands on its last action token: the last turn's is the episode's score, the earlier
+ones are step rewards (docs/algorithm.md §2.1), so GAE credits each turn where it ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor
+
+from ..models.sharding import gathered
+from ..runtime.lanes import Lanes
+from ..runtime.timing import Timer
+from .batch import RolloutBatch
+from .collect import RolloutModels, old_values, score_sequences
+from .environment import EnvError, Renderer, call_env, check_reset, check_step
+from .sampling import SamplingParams, generate
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    max_turns: int
+    max_episode_tokens: int  # prompt + every turn and observation
+    timeout_s: float
+
+
+@dataclass
+class Episode:
+    env: object
+    prompt_ids: list[int]
+    history: list[dict] | None  # the conversation so far (chat templates), else None
+    tokens: list[int] = field(default_factory=list)  # after the prompt: actions and observations
+    actions: list[bool] = field(default_factory=list)
+    turn_ends: list[int] = field(default_factory=list)  # index in tokens of each turn's last action token
+    rewards: list[float] = field(default_factory=list)
+    observation_tokens: int = 0
+    done: bool = False
+    finished: bool = False
+    context_truncated: bool = False
+
+    def room(self, limit: int) -> int:
+        return limit - len(self.prompt_ids) - len(self.tokens)
+
+
+def start_episodes(env_cls: type, rows: list[dict], seeds: list[int], renderer: Renderer, samples: int,
+                   timeout_s: float, limit: int) -> list[Episode]:
+    """One environment per episode (``samples`` per row, group-contiguous), reset with its seed."""
+    episodes = []
+    for i, row in enumerate(r for r in rows for _ in range(samples)):
+        env = call_env(env_cls, seconds=timeout_s, what="constructor")
+        first = check_reset(call_env(env.reset, dict(row), seeds[i], seconds=timeout_s, what="reset"), i // samples)
+        ids, history = renderer.first_prompt(first)
+        if len(ids) >= limit:
+            raise EnvError(f"the environment's first prompt for row {i // samples} has {len(ids)} tokens, which leaves "
+                           f"no room for a response in `rollout.max_episode_tokens` ({limit})")
+        episodes.append(Episode(env, ids, history))
+    return episodes
+
+
+def left_padded(seqs: list[list[int]], pad: int, device) -> tuple[Tensor, Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def take_turn(lm, tokenizer, episodes: list[Episode], renderer: Renderer, sampling: SamplingParams,
+              s: EpisodeSettings, generator, *, last_turn: bool, device) -> None:
+    """One turn of every unfinished episode: sample in one batch, then step each environment."""
+    active = [e for e in episodes if not e.finished]
+    ids, mask = left_padded([e.prompt_ids + e.tokens for e in active], tokenizer.pad_token_id, device)
+    limit = min(sampling.max_new_tokens, max(e.room(s.max_episode_tokens) for e in active))
+    params = replace(sampling, max_new_tokens=limit, min_new_tokens=min(sampling.min_new_tokens, limit))
+    gen = generate(lm, ids, mask, params, pad_token_id=tokenizer.pad_token_id, generator=generator)
+    for e, row, row_mask, stopped in zip(active, gen.responses, gen.mask, gen.terminated):
+        sampled = row[row_mask].tolist()[: e.room(s.max_episode_tokens)]
+        stopped = bool(stopped) and len(sampled) == int(row_mask.sum())
+        kept = sampled[:-1] if stopped else sampled
+        text = tokenizer.decode(kept, skip_special_tokens=True)
+        e.tokens += sampled
+        e.actions += [True] * len(sampled)
+        e.turn_ends.append(len(e.tokens) - 1)
+        obs, reward, done = check_step(call_env(e.env.step, text, seconds=s.timeout_s, what="step"))
+        e.rewards.append(reward)
+        if done:
+            e.done = e.finished = True
+            continue
+        if e.room(s.max_episode_tokens) <= 0:
+            e.finished = e.context_truncated = True
+            continue
+        if obs is not None:
+            stop_text = tokenizer.decode(sampled[-1:]) if stopped else None
+            obs_ids, e.history = renderer.observation(e.history, text, stop_text, obs)
+            if len(obs_ids) >= e.room(s.max_episode_tokens):  # it must leave room for one more action token
+                e.finished = e.context_truncated = True
+                continue
+            e.tokens += obs_ids
+            e.actions += [False] * len(obs_ids)
+            e.observation_tokens += len(obs_ids)
+        e.finished = last_turn
+
+
+def collect_episodes(models: RolloutModels, tokenizer, env_cls: type, rows: list[dict], seeds: list[int], *,
+                     renderer: Renderer, sampling: SamplingParams, settings: EpisodeSettings, samples_per_prompt: int,
+                     generator: torch.Generator | None, forward_batch_size: int = 0, device="cpu",
+                     timer: Timer | None = None, lanes: Lanes | None = None) -> RolloutBatch:
+    """Run ``samples_per_prompt`` episodes per row (``seeds``: one per episode) to the end — done, the
+    turn limit, or a context that has no room left — and score them (:func:`score_sequences`).
+    ``timer`` receives ``generate_s`` (sampling and the environments) and ``score_s``."""
+    timer = timer if timer is not None else Timer()
+    with timer("generate_s"):
+        episodes = start_episodes(env_cls, rows, seeds, renderer, samples_per_prompt, settings.timeout_s,
+                                  settings.max_episode_tokens)
+        models.policy.lm.eval()
+        with gathered(models.policy):  # FSDP: one all-gather for every turn's decode
+            for turn in range(settings.max_turns):
+                if all(e.finished for e in episodes):
+                    break
+                take_turn(models.policy.lm, tokenizer, episodes, renderer, sampling, settings, generator,
+                          last_turn=turn == settings.max_turns - 1, device=device)
+    with timer("score_s"):
+        return score_episodes(models, tokenizer, episodes, temperature=sampling.temperature or 1.0,
+                              forward_batch_size=forward_batch_size, device=device, lanes=lanes)
+
+
+def score_episodes(models: RolloutModels, tokenizer, episodes: list[Episode], *, temperature: float,
+                   forward_batch_size: int, device, lanes: Lanes | None) -> RolloutBatch:
+    """The finished episodes as one :class:`RolloutBatch`: prompts left-padded to P, the rest (turns and
+    observations) right-padded to T, with the action mask, turn rewards and episode statistics."""
+    pad = tokenizer.pad_token_id
+    prompt_ids, prompt_mask = left_padded([e.prompt_ids for e in episodes], pad, device)
+    B, T = len(episodes), max(len(e.tokens) for e in episodes)
+    block = torch.full((B, T), pad, dtype=torch.long)
+    response_mask = torch.zeros(B, T, dtype=torch.bool)
+    action_mask = torch.zeros(B, T, dtype=torch.bool)
+    step_rewards = torch.zeros(B, T)
+    for i, e in enumerate(episodes):
+        block[i, : len(e.tokens)] = torch.tensor(e.tokens, dtype=torch.long)
+        response_mask[i, : len(e.tokens)] = True
+        action_mask[i, : len(e.tokens)] = torch.tensor(e.actions)
+        for end, r in zip(e.turn_ends[:-1], e.rewards[:-1]):
+            step_rewards[i, end] += r
+    block, response_mask, action_mask, step_rewards = (t.to(device) for t in (block, response_mask, action_mask,
+                                                                              step_rewards))
+    input_ids = torch.cat([prompt_ids, block], 1)
+    attention_mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], 1)
+    P = prompt_ids.shape[1]
+    logp_old, logp_ref, values_all, _ = score_sequences(
+        models, input_ids, attention_mask, P, response_mask.sum(1), temperature=temperature,
+        forward_batch_size=forward_batch_size, device=device, lanes=lanes)
+    values_old, bootstrap = old_values(values_all, response_mask)
+    if values_old is not None:
+        values_old = values_old.where(action_mask, 0)
+    info = {"turns": torch.tensor([len(e.rewards) for e in episodes]),
+            "observation_tokens": torch.tensor([e.observation_tokens for e in episodes]),
+            "context_truncated": torch.tensor([e.context_truncated for e in episodes])}
+    return RolloutBatch(
+        input_ids=input_ids, attention_mask=attention_mask, prompt_width=P, response_mask=response_mask,
+        terminated=torch.tensor([e.done for e in episodes], device=device),
+        logp_old=logp_old.where(action_mask, 0), logp_ref=logp_ref.where(action_mask, 0),
+        scores=torch.tensor([e.rewards[-1] for e in episodes], device=device),
+        values_old=values_old, bootstrap_values=bootstrap, action_mask=action_mask,
+        episode_info={k: v.to(device) for k, v in info.items()},
+        step_rewards=step_rewards, step_counts=torch.tensor([len(e.rewards) - 1 for e in episodes], device=device),
+        prompts=tokenizer.batch_decode([e.prompt_ids for e in episodes], skip_special_tokens=True),
+        responses=tokenizer.batch_decode([e.tokens for e in episodes], skip_special_tokens=False),
+    )

@@ -1,0 +1,279 @@
+"""Multi-turn environments (docs/environments.md): episodes advance turn by turn in one batch; the
+trained sequence is the sampled ids plus the observation ids (token-in-token-out); observation tokens
+carry no loss, KL, value or advantage; a turn's reward lands on its last action token; termination,
+the turn limit and the context budget end episodes; errors are one line with the user's frames."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from trainer_helpers import tiny_config
+from transformers import PreTrainedTokenizerFast
+
+from ppo_lm.cli.main import main
+from ppo_lm.rollout.environment import EnvError, Renderer
+from ppo_lm.trainer.ppo import PPOTrainer
+
+ENV = '''
+RECORD = []
+
+class Echo:
+    """Three turns; each turn's reward is its text's length; the answer names the turn."""
+
+    def reset(self, row, seed):
+        self.n, self.seed = 0, seed
+        return row["prompt"]
+
+    def step(self, text):
+        self.n += 1
+        RECORD.append((self.seed, self.n, text))
+        return (" ok%d:" % self.n, float(len(text)), self.n >= 3)
+
+
+class Endless(Echo):
+    def step(self, text):
+        obs, reward, _ = super().step(text)
+        return obs, reward, False
+
+
+class Quiet(Echo):
+    def step(self, text):
+        obs, reward, done = super().step(text)
+        return None, reward, done
+'''
+
+
+@pytest.fixture
+def env_file(tmp_path):
+    f = tmp_path / "echo_env.py"
+    f.write_text(ENV)
+    return f
+
+
+def trainer(tmp_path, env_file, cls="Echo", **kw):
+    kw = {"rollout__max_new_tokens": 6, **kw}
+    return PPOTrainer(tiny_config(tmp_path / "run", rollout__env=f"{env_file}:{cls}", **kw))
+
+
+def turns_of(batch, i):
+    """Row i's runs of action tokens and of observation tokens, as (is_action, ids) in order."""
+    ids = batch.input_ids[i, batch.prompt_width:][batch.response_mask[i]].tolist()
+    act = batch.action_mask[i][batch.response_mask[i]].tolist()
+    runs = []
+    for t, a in zip(ids, act):
+        if runs and runs[-1][0] == a:
+            runs[-1][1].append(t)
+        else:
+            runs.append((a, [t]))
+    return runs
+
+
+def test_token_in_token_out_and_the_turn_rewards(tmp_path, env_file):
+    tr = trainer(tmp_path, env_file)
+    import sys
+    record = sys.modules["ppo_lm_reward_echo_env"].RECORD
+    record.clear()
+    b = tr.rollout(1)
+    tok = tr.tokenizer
+    assert b.action_mask is not None and b.episode_info["turns"].tolist() == [3] * b.size
+    for i in range(b.size):
+        seed = tr.episode_seeds(1, b.size)[i]
+        texts = [t for s, _, t in sorted(r for r in record if r[0] == seed)]
+        runs = turns_of(b, i)
+        actions = [ids for a, ids in runs if a]
+        observations = [ids for a, ids in runs if not a]
+        # the observations are the environment's answers, tokenized alone
+        assert observations == [tok(f" ok{k}:", add_special_tokens=False)["input_ids"] for k in (1, 2)][:len(observations)]
+        assert len(actions) == 3 or (len(actions) < 3 and len(observations) == len(actions) - 1)
+        # each turn's sampled ids decode to the text the environment received (its stop token aside)
+        stops = set(tr.sampling.stop_token_ids)
+        for ids, text in zip(actions, texts):
+            kept = ids[:-1] if ids[-1] in stops else ids
+            assert tok.decode(kept, skip_special_tokens=True) == text
+        # each turn's reward on its last action token: earlier turns as step rewards, the last as score
+        ends = [k for k in range(b.response_mask.shape[1]) if b.action_mask[i, k]
+                and (k + 1 == b.response_mask.shape[1] or not b.action_mask[i, k + 1])]
+        want = torch.zeros(b.response_mask.shape[1])
+        for k, text in zip(ends[:-1], texts[:-1]):
+            want[k] = len(text)
+        assert torch.equal(b.step_rewards[i], want) and float(b.scores[i]) == len(texts[-1])
+    assert bool(b.terminated.all())
+
+
+def test_observation_tokens_carry_no_loss(tmp_path, env_file):
+    """What sits at observation positions in logp_old, logp_ref and values_old changes nothing: two
+    identical trainers, one updated on a rollout with garbage there, end with the same weights."""
+    from dataclasses import replace
+
+    one, two = trainer(tmp_path / "a", env_file), trainer(tmp_path / "b", env_file)
+    b = one.rollout(1)
+    obs = b.response_mask & ~b.action_mask
+    assert obs.any()
+    assert bool((b.logp_old[obs] == 0).all() and (b.values_old[obs] == 0).all())
+    garbled = replace(b, logp_old=b.logp_old.masked_fill(obs, 5.0), logp_ref=b.logp_ref.masked_fill(obs, -7.0),
+                      values_old=b.values_old.masked_fill(obs, 3.0))
+    start = [p.detach().clone() for p in one.policy.parameters()]
+    clean, dirty = one.learn(b, 1), two.learn(garbled, 1)
+    for p1, p2 in zip(one.policy.parameters(), two.policy.parameters()):
+        assert torch.equal(p1, p2)
+    for p1, p2 in zip(one.critic.parameters(), two.critic.parameters()):
+        assert torch.equal(p1, p2)
+    assert any(not torch.equal(p0, p1) for p0, p1 in zip(start, one.policy.parameters()))
+    assert clean.metrics["ref_kl"] == dirty.metrics["ref_kl"]
+    t = clean.targets
+    assert bool((t.advantages[obs] == 0).all() and (t.returns[obs] == 0).all() and (t.rewards[obs] == 0).all())
+
+
+def test_the_turn_limit_truncates_and_bootstraps(tmp_path, env_file):
+    tr = trainer(tmp_path, env_file, "Endless", rollout__max_turns=2)
+    b = tr.rollout(1)
+    assert not bool(b.terminated.any()) and b.episode_info["turns"].tolist() == [2] * b.size
+    # the last observation is kept: the bootstrap value is V of the context after it
+    for i in range(b.size):
+        assert turns_of(b, i)[-1][0] is False
+    m = tr.learn(b, 1).metrics
+    assert m["done_frac"] == 0 and m["turns_mean"] == 2 and m["truncated_frac"] == 1
+
+
+def test_a_context_budget_ends_episodes_and_is_counted(tmp_path, env_file):
+    tr = trainer(tmp_path, env_file, rollout__max_episode_tokens=24, rollout__max_new_tokens=8)
+    b = tr.rollout(1)
+    total = b.attention_mask.sum(1)
+    assert int(total.max()) <= 24
+    cut = b.episode_info["context_truncated"]
+    assert cut.any() and not bool(b.terminated[cut].any())
+    m = tr.learn(b, 1).metrics
+    assert m["truncated_by_context_frac"] == pytest.approx(float(cut.float().mean()))
+
+
+def test_no_observation_continues_the_same_context(tmp_path, env_file):
+    b = trainer(tmp_path, env_file, "Quiet").rollout(1)
+    assert bool((b.action_mask == b.response_mask).all()) and b.episode_info["observation_tokens"].sum() == 0
+
+
+def test_episodes_are_seeded_and_repeat(tmp_path, env_file):
+    a = trainer(tmp_path / "a", env_file).rollout(1)
+    b = trainer(tmp_path / "b", env_file).rollout(1)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.action_mask, b.action_mask)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce++"])
+def test_every_estimator_trains_on_episodes(tmp_path, env_file, estimator):
+    tr = trainer(tmp_path, env_file, algo__estimator=estimator, rollout__samples_per_prompt=2, rollout__num_prompts=4)
+    done = tr.learn(tr.rollout(1), 1)
+    b = done.batch
+    obs = b.response_mask & ~b.action_mask
+    assert bool((done.targets.advantages[obs] == 0).all()) and done.targets.advantages[b.action_mask].abs().sum() > 0
+
+
+def test_a_few_iterations_run_end_to_end(tmp_path, env_file):
+    tr = trainer(tmp_path, env_file, log__sample_every=1)
+    history = tr.train()
+    assert len(history) == 2 and all(h["turns_mean"] == 3 for h in history)
+    samples = (tmp_path / "run" / "samples.jsonl").read_text()
+    assert " ok1:" in samples and " ok2:" in samples
+
+
+BAD_ENVS = {
+    "raises": ("def step(self, text):\n        return int('x' + text)", "the environment's step raised ValueError"),
+    "wrong_type": ("def step(self, text):\n        return 1.0", "must return (observation"),
+    "bad_reward": ("def step(self, text):\n        return None, 'high', True", "a reward of type str"),
+    "bad_done": ("def step(self, text):\n        return None, 1.0, 'yes'", "done='yes'"),
+    "slow": ("def step(self, text):\n        import time\n        time.sleep(5)\n        return None, 1.0, True",
+             "ran past its time limit of 0.5 s"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ENVS))
+def test_environment_errors_are_one_line(tmp_path, capsys, case):
+    body, message = BAD_ENVS[case]
+    f = tmp_path / "bad_env.py"
+    f.write_text(textwrap.dedent("""
+        class Bad:
+            def reset(self, row, seed):
+                return row["prompt"]
+
+            {body}
+    """).replace("{body}", body))
+    code = main(["train", "--iterations", "1", "--log.no-tensorboard", "--rollout.num-prompts", "4",
+                 "--rollout.env", f"{f}:Bad", "--rollout.env-timeout-s", "0.5", "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code != 0 and message in err and "Traceback" not in err, err
+    if case == "raises":
+        assert "bad_env.py:7 in step" in err
+
+
+def test_an_environment_spec_is_checked_before_any_model(tmp_path, capsys):
+    f = tmp_path / "not_env.py"
+    f.write_text("def Env():\n    pass\n")
+    base = ["train", "--iterations", "1", "--log.no-tensorboard", "--output-dir", str(tmp_path / "run")]
+    assert main([*base, "--rollout.env", f"{f}:Env"]) == 2
+    assert "an environment is a class with reset(row, seed) and step(text)" in capsys.readouterr().err
+    assert main([*base, "--rollout.env", f"{tmp_path}/none.py:Env"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- chat templates
+QWEN_STYLE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer():
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["What is 3 + 4? The answer is 7.", "Wrong, try again.", "user assistant tool", "<tool_call>"] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|im_start|>", "<|im_end|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    t = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_start|>")
+    t.chat_template = QWEN_STYLE
+    return t
+
+
+def test_chat_observations_render_the_whole_conversation(chat_tokenizer):
+    """Token-in-token-out with a chat template: the sampled ids of every turn stay as they are, and the
+    whole sequence decodes to the template's rendering of the whole conversation."""
+    tok = chat_tokenizer
+    r = Renderer(tok)
+    messages = [{"role": "user", "content": "What is 3 + 4?"}]
+    ids, history = r.first_prompt(messages)
+    seq = list(ids)
+    replies = ["The answer is 8.", "The answer is 7."]
+    answers = [[{"role": "user", "content": "Wrong, try again."}], [{"role": "tool", "content": "ok"}]]
+    sampled_runs = []
+    for reply, answer in zip(replies, answers):
+        sampled = tok(reply, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
+        sampled_runs.append((len(seq), sampled))
+        seq += sampled
+        obs, history = r.observation(history, reply, tok.decode(sampled[-1:]), answer)
+        seq += obs
+    conversation = [messages[0], {"role": "assistant", "content": replies[0]}, answers[0][0],
+                    {"role": "assistant", "content": replies[1]}, answers[1][0]]
+    assert tok.decode(seq) == tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    for start, sampled in sampled_runs:
+        assert seq[start:start + len(sampled)] == sampled
+
+
+def test_a_turn_cut_by_the_limit_gets_the_templates_closing(chat_tokenizer):
+    tok = chat_tokenizer
+    r = Renderer(tok)
+    ids, history = r.first_prompt([{"role": "user", "content": "What is 3 + 4?"}])
+    cut = tok("The answer", add_special_tokens=False)["input_ids"]
+    obs, _ = r.observation(history, "The answer", None, [{"role": "user", "content": "Wrong, try again."}])
+    assert tok.decode(ids + cut + obs).endswith("The answer<|im_end|>\n<|im_start|>user\nWrong, try again.<|im_end|>\n"
+                                               "<|im_start|>assistant\n")
+
+
+def test_mixing_text_and_messages_is_refused(chat_tokenizer):
+    r = Renderer(chat_tokenizer)
+    _, history = r.first_prompt([{"role": "user", "content": "hi"}])
+    with pytest.raises(EnvError, match="returned text in an episode that reset started with chat"):
+        r.observation(history, "x", None, "plain")
+    with pytest.raises(EnvError, match="returned chat messages in an episode that reset started with text"):
+        r.observation(None, "x", None, [{"role": "user", "content": "hi"}])
