@@ -18,6 +18,7 @@ import contextlib
 import math
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 
 from ..data.prompts import is_conversation
@@ -34,7 +35,13 @@ class EnvError(UserError, RuntimeError):
 
 def load_env(spec: str, field_name: str = "rollout.env") -> type:
     """The environment class of ``'path/to/env.py:Class'`` or ``'module:Class'`` (ValueError naming the
-    field otherwise); it must have ``reset`` and ``step``."""
+    field otherwise) — or a built-in one (``builtin:equations_retry``); it must have ``reset`` and ``step``."""
+    from ..tasks.retry import BUILTIN_ENVS
+
+    if spec.startswith("builtin:"):
+        if spec not in BUILTIN_ENVS:
+            raise ValueError(f"`{field_name}`={spec!r}: the built-in environments are {', '.join(sorted(BUILTIN_ENVS))}")
+        return BUILTIN_ENVS[spec]
     cls = load_verifier(spec, field_name)
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
     if missing or not isinstance(cls, type):
@@ -45,23 +52,27 @@ def load_env(spec: str, field_name: str = "rollout.env") -> type:
 
 
 @contextlib.contextmanager
-def time_limit(seconds: float, what: str):
-    """Raise :class:`EnvError` when the body runs past ``seconds`` (SIGALRM: main thread only; elsewhere
-    the body runs unlimited)."""
+def time_limit(seconds: float, what: str, error: type[Exception] | None = None):
+    """Raise ``error`` (default :class:`EnvError`) when the body runs past ``seconds``; a limit inside
+    another keeps the outer one running (SIGALRM: main thread only; elsewhere the body runs unlimited)."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
+    error = error or EnvError
 
     def expired(signum, frame):
-        raise EnvError(f"the environment's {what} ran past its time limit of {seconds:g} s (`rollout.env_timeout_s`)")
+        raise error(f"the environment's {what} ran past its time limit of {seconds:g} s")
 
     before = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    started = time.monotonic()
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
+        if outer > 0:  # the enclosing limit's remaining time
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 1e-3))
 
 
 def call_env(fn, *args, seconds: float, what: str):
@@ -74,6 +85,12 @@ def call_env(fn, *args, seconds: float, what: str):
         raise
     except Exception as e:
         raise EnvError(f"the environment's {what} raised {type(e).__name__}: {e}{user_frames(e)}") from e
+
+
+def env_tools(env) -> list | None:
+    """The functions an environment offers the model (its ``tools`` attribute), for the chat template."""
+    tools = getattr(env, "tools", None)
+    return list(tools) if tools else None
 
 
 def check_reset(out, row_index: int):
@@ -117,11 +134,11 @@ class Renderer:
     def has_template(self) -> bool:
         return self.chat and (self.template is not None or bool(getattr(self.tokenizer, "chat_template", None)))
 
-    def render(self, messages: list[dict], generation_prompt: bool) -> str:
+    def render(self, messages: list[dict], generation_prompt: bool, tools: list | None = None) -> str:
         return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+                                                  add_generation_prompt=generation_prompt, tools=tools)
 
-    def first_prompt(self, out: str | list[dict]) -> tuple[list[int], list[dict] | None]:
+    def first_prompt(self, out: str | list[dict], tools: list | None = None) -> tuple[list[int], list[dict] | None]:
         """The first prompt's ids (as the single-turn rollout encodes prompts) and the conversation
         (None for a text prompt)."""
         if isinstance(out, str):
@@ -129,17 +146,17 @@ class Renderer:
         if not self.has_template:
             raise EnvError("the environment's reset returned chat messages but the tokenizer has no chat template; "
                            "return text, or set `data.chat_template` to a Jinja file")
-        return self.tokenizer(self.render(out, True), add_special_tokens=False)["input_ids"], list(out)
+        return self.tokenizer(self.render(out, True, tools), add_special_tokens=False)["input_ids"], list(out)
 
-    def closing(self, history: list[dict]) -> str:
+    def closing(self, history: list[dict], tools: list | None = None) -> str:
         """What the template writes after an assistant message's content (e.g. ``<|im_end|>\\n``)."""
         if self._closing is None:
-            text = self.render([*history, {"role": "assistant", "content": SENTINEL}], False)
+            text = self.render([*history, {"role": "assistant", "content": SENTINEL}], False, tools)
             self._closing = text[text.rindex(SENTINEL) + len(SENTINEL):] if SENTINEL in text else ""
         return self._closing
 
     def observation(self, history: list[dict] | None, text: str, stop_text: str | None,
-                    obs: str | list[dict]) -> tuple[list[int], list[dict] | None]:
+                    obs: str | list[dict], tools: list | None = None) -> tuple[list[int], list[dict] | None]:
         """The tokens that follow the sampled ones. Text: its tokens. Messages: the rest of the assistant
         turn's closing after the sampled stop token, then the new messages and the next assistant
         opening — what the template's rendering with them adds to the rendering without. ``stop_text``:
@@ -154,11 +171,11 @@ class Renderer:
             raise EnvError("the environment's step returned text in an episode that reset started with chat "
                            "messages; return a list of {'role', 'content'} messages")
         done = [*history, {"role": "assistant", "content": text}]
-        before, after = self.render(done, False), self.render([*done, *obs], True)
+        before, after = self.render(done, False, tools), self.render([*done, *obs], True, tools)
         if not after.startswith(before):
             raise EnvError("the chat template renders the conversation differently once the environment's messages "
                            "are added (not prefix-stable); multi-turn training needs a template that appends turns")
-        closing = self.closing(history)
+        closing = self.closing(history, tools)
         if stop_text and closing.startswith(stop_text):
             closing = closing[len(stop_text):]
         return self.tokenizer(closing + after[len(before):], add_special_tokens=False)["input_ids"], [*done, *obs]

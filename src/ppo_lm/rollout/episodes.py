@@ -16,11 +16,10 @@ import torch
 from torch import Tensor
 
 from ..models.sharding import gathered
-from ..runtime.lanes import Lanes
 from ..runtime.timing import Timer
 from .batch import RolloutBatch
 from .collect import RolloutModels, old_values, score_sequences
-from .environment import EnvError, Renderer, call_env, check_reset, check_step
+from .environment import EnvError, Renderer, call_env, check_reset, check_step, env_tools
 from .sampling import SamplingParams, generate
 
 
@@ -56,7 +55,7 @@ def start_episodes(env_cls: type, rows: list[dict], seeds: list[int], renderer: 
     for i, row in enumerate(r for r in rows for _ in range(samples)):
         env = call_env(env_cls, seconds=timeout_s, what="constructor")
         first = check_reset(call_env(env.reset, dict(row), seeds[i], seconds=timeout_s, what="reset"), i // samples)
-        ids, history = renderer.first_prompt(first)
+        ids, history = renderer.first_prompt(first, env_tools(env))
         if len(ids) >= limit:
             raise EnvError(f"the environment's first prompt for row {i // samples} has {len(ids)} tokens, which leaves "
                            f"no room for a response in `rollout.max_episode_tokens` ({limit})")
@@ -100,7 +99,7 @@ def take_turn(lm, tokenizer, episodes: list[Episode], renderer: Renderer, sampli
             continue
         if obs is not None:
             stop_text = tokenizer.decode(sampled[-1:]) if stopped else None
-            obs_ids, e.history = renderer.observation(e.history, text, stop_text, obs)
+            obs_ids, e.history = renderer.observation(e.history, text, stop_text, obs, env_tools(e.env))
             if len(obs_ids) >= e.room(s.max_episode_tokens):  # it must leave room for one more action token
                 e.finished = e.context_truncated = True
                 continue
@@ -113,10 +112,11 @@ def take_turn(lm, tokenizer, episodes: list[Episode], renderer: Renderer, sampli
 def collect_episodes(models: RolloutModels, tokenizer, env_cls: type, rows: list[dict], seeds: list[int], *,
                      renderer: Renderer, sampling: SamplingParams, settings: EpisodeSettings, samples_per_prompt: int,
                      generator: torch.Generator | None, forward_batch_size: int = 0, device="cpu",
-                     timer: Timer | None = None, lanes: Lanes | None = None) -> RolloutBatch:
+                     timer: Timer | None = None, lanes=None) -> RolloutBatch:
     """Run ``samples_per_prompt`` episodes per row (``seeds``: one per episode) to the end — done, the
     turn limit, or a context that has no room left — and score them (:func:`score_sequences`).
-    ``timer`` receives ``generate_s`` (sampling and the environments) and ``score_s``."""
+    ``timer`` receives ``generate_s`` (sampling and the environments) and ``score_s``; ``lanes`` as for
+    :func:`~ppo_lm.rollout.collect.collect_rollout`."""
     timer = timer if timer is not None else Timer()
     with timer("generate_s"):
         episodes = start_episodes(env_cls, rows, seeds, renderer, samples_per_prompt, settings.timeout_s,
@@ -134,7 +134,7 @@ def collect_episodes(models: RolloutModels, tokenizer, env_cls: type, rows: list
 
 
 def score_episodes(models: RolloutModels, tokenizer, episodes: list[Episode], *, temperature: float,
-                   forward_batch_size: int, device, lanes: Lanes | None) -> RolloutBatch:
+                   forward_batch_size: int, device, lanes) -> RolloutBatch:
     """The finished episodes as one :class:`RolloutBatch`: prompts left-padded to P, the rest (turns and
     observations) right-padded to T, with the action mask, turn rewards and episode statistics."""
     pad = tokenizer.pad_token_id

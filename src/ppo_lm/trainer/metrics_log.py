@@ -56,8 +56,8 @@ def headline(metrics: dict[str, float]) -> str:
     parts = []
     if "score" in metrics:
         parts.append(f"score {metrics['score']:.3f}" + (f" ±{metrics['score_std']:.3f}" if "score_std" in metrics else ""))
-    for key, short in (("ref_kl", "ref_kl"), ("policy_loss", "pg"), ("value_loss", "vf"), ("eval_score", "eval"),
-                       ("eval_pass_at_k", "pass@k")):
+    for key, short in (("reward_per_turn", "reward/turn"), ("turns_mean", "turns"), ("ref_kl", "ref_kl"),
+                       ("policy_loss", "pg"), ("value_loss", "vf"), ("eval_score", "eval"), ("eval_pass_at_k", "pass@k")):
         if key in metrics:
             parts.append(f"{short} {metrics[key]:.3f}")
     return "  ".join(parts)

@@ -1,0 +1,146 @@
+"""Tools (docs/environments.md): calls parsed from the model's `<tool_call>{json}</tool_call>` text, run
+with a time limit, answered as tool messages (errors included, as a tool would answer them), the
+functions rendered by the chat template's `tools`; and a ToolEnv episode end to end."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from trainer_helpers import tiny_config
+from transformers import PreTrainedTokenizerFast
+
+from ppo_lm.rollout.environment import Renderer
+from ppo_lm.rollout.tools import ToolEnv, parse_tool_calls, run_tool_call
+from ppo_lm.tasks.equations import build_tiny_policy
+from ppo_lm.trainer.ppo import PPOTrainer
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+def slow(seconds: float) -> str:
+    """Sleep.
+
+    Args:
+        seconds: how long
+    """
+    time.sleep(seconds)
+    return "done"
+
+
+TOOLS = {"add": add, "slow": slow}
+
+
+def test_tool_calls_are_parsed_in_order():
+    text = ('I will add. <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call> and '
+            '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 1}"}\n</tool_call>')
+    assert parse_tool_calls(text) == [{"name": "add", "arguments": {"a": 2, "b": 3}},
+                                      {"name": "add", "arguments": {"a": 1, "b": 1}}]
+    assert parse_tool_calls("no call here") == []
+
+
+@pytest.mark.parametrize("block, message", [
+    ('{"name": "add", "arguments": {"a": 2,}}', "error: the tool call is not valid JSON"),
+    ('["add"]', 'error: a tool call is {"name"'),
+    ('{"name": "add", "arguments": 3}', 'error: a tool call is {"name"'),
+])
+def test_a_malformed_call_is_answered_with_an_error(block, message):
+    (call,) = parse_tool_calls(f"<tool_call>{block}</tool_call>")
+    assert run_tool_call(TOOLS, call, 1.0).startswith(message)
+
+
+def test_calls_run_and_their_mistakes_come_back_as_errors():
+    assert run_tool_call(TOOLS, {"name": "add", "arguments": {"a": 2, "b": 3}}, 1.0) == "5"
+    assert run_tool_call(TOOLS, {"name": "mul", "arguments": {}}, 1.0) == "error: no tool 'mul'; the tools are add, slow"
+    assert run_tool_call(TOOLS, {"name": "add", "arguments": {"a": 1}}, 1.0).startswith("error: TypeError: ")
+    started = time.monotonic()
+    out = run_tool_call(TOOLS, {"name": "slow", "arguments": {"seconds": 5}}, 0.2)
+    assert out == "error: slow ran past its time limit of 0.2 s" and time.monotonic() - started < 2
+
+
+class Calculator(ToolEnv):
+    tools = [add]
+
+    def prompt(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def reward(self, text):
+        return float(text.strip() == str(self.row["answer"]))
+
+
+def test_a_tool_env_calls_tools_then_scores_the_answer():
+    env = Calculator()
+    assert env.reset({"prompt": "2 + 3?", "answer": 5}, seed=0) == [{"role": "user", "content": "2 + 3?"}]
+    obs, reward, done = env.step('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>')
+    assert obs == [{"role": "tool", "content": "5"}] and reward == 0.0 and not done
+    assert env.step("5") == (None, 1.0, True) and env.tool_calls == 1
+
+
+TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer():
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>', "What is 2 + 3?", "5"] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|im_start|>", "<|im_end|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    t = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_start|>")
+    t.chat_template = TEMPLATE
+    return t
+
+
+def test_the_template_renders_the_tools_and_the_whole_conversation(chat_tokenizer):
+    tok, r = chat_tokenizer, Renderer(chat_tokenizer)
+    env = Calculator()
+    first = env.reset({"prompt": "What is 2 + 3?", "answer": 5}, 0)
+    ids, history = r.first_prompt(first, env.tools)
+    assert '"name": "add"' in tok.decode(ids) and "the first" in tok.decode(ids)  # the schema from the docstring
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    sampled = tok(call, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    obs = env.step(call)[0]
+    obs_ids, history = r.observation(history, call, tok.decode(sampled[-1:]), obs, env.tools)
+    seq = ids + sampled + obs_ids
+    conversation = [*first, {"role": "assistant", "content": call}, {"role": "tool", "content": "5"}]
+    assert tok.decode(seq) == tok.apply_chat_template(conversation, tools=env.tools, tokenize=False,
+                                                      add_generation_prompt=True)
+    assert seq[len(ids):len(ids) + len(sampled)] == sampled
+
+
+def test_a_tool_env_trains_end_to_end(tmp_path, chat_tokenizer):
+    """A chat-template policy (random, so it rarely calls the tool) runs episodes of a ToolEnv: the
+    prompts carry the tool schema, every row ends done or at the turn limit, and an update runs."""
+    import sys
+    import types
+
+    module = types.ModuleType("calc_env_for_test")
+    module.Calculator = Calculator
+    sys.modules["calc_env_for_test"] = module
+    rows = [{"prompt": f"What is {a} + {b}?", "answer": a + b} for a in range(4) for b in range(2)]
+    lm = build_tiny_policy(chat_tokenizer, seed=0, hidden_size=32, max_position_embeddings=512)
+    cfg = tiny_config(tmp_path / "run", rollout__env="calc_env_for_test:Calculator", rollout__max_new_tokens=12,
+                      rollout__max_turns=2)
+    tr = PPOTrainer(cfg, policy=lm, tokenizer=chat_tokenizer, prompt_rows=rows)
+    b = tr.rollout(1)
+    assert all('"name": "add"' in p for p in b.prompts)
+    assert bool((b.action_mask <= b.response_mask).all())
+    m = tr.learn(b, 1).metrics
+    assert 1 <= m["turns_mean"] <= 2 and torch.isfinite(torch.tensor(m["ref_kl"]))
+    json.dumps(m)
