@@ -277,3 +277,45 @@ def test_mixing_text_and_messages_is_refused(chat_tokenizer):
         r.observation(history, "x", None, "plain")
     with pytest.raises(EnvError, match="returned chat messages in an episode that reset started with text"):
         r.observation(None, "x", None, [{"role": "user", "content": "hi"}])
+
+
+def _metrics(path):
+    import json
+
+    from ppo_lm.trainer.metrics_log import is_timing_key
+
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in rows]
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_resume_equals_uninterrupted(tmp_path, env_file, lora):
+    """Episodes are a function of the seed and the iteration: a run stopped after iteration 1 and
+    resumed logs what the uninterrupted run logs (full fine-tuning and LoRA)."""
+    kw = dict(rollout__env=f"{env_file}:Echo", rollout__max_new_tokens=6, log__save_every=1, optim__epochs=1,
+              model__lora_r=lora)
+    PPOTrainer(tiny_config(tmp_path / "full", **kw)).train()
+    PPOTrainer(tiny_config(tmp_path / "part", iterations=1, **kw)).train()
+    PPOTrainer(tiny_config(tmp_path / "part", resume=True, **kw)).train()
+    full, part = _metrics(tmp_path / "full"), _metrics(tmp_path / "part")
+    assert len(full) == 2 and full == part and full[0]["turns_mean"] == 3
+
+
+def test_the_guess_example_runs_and_its_seeds_replay(tmp_path):
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "environments" / "guess.py"
+    kw = dict(rollout__env=f"{example}:Guess", rollout__max_new_tokens=3, rollout__num_prompts=16)
+    a, b = PPOTrainer(tiny_config(tmp_path / "a", **kw)), PPOTrainer(tiny_config(tmp_path / "b", **kw))
+    ra, rb = a.rollout(1), b.rollout(1)
+    assert torch.equal(ra.input_ids, rb.input_ids) and torch.equal(ra.scores, rb.scores)
+    assert ra.responses[0].count(":\n") >= 1 and 1 <= float(ra.episode_info["turns"].float().mean()) <= 4
+    assert a.learn(ra, 1).metrics["turns_mean"] >= 1
+
+
+def test_environment_settings_are_checked_before_any_model(tmp_path, capsys):
+    base = ["train", "--iterations", "1", "--log.no-tensorboard", "--output-dir", str(tmp_path / "run")]
+    assert main([*base, "--rollout.env", "builtin:equations_retry", "--data.eval-prompts", "builtin:equations"]) == 2
+    assert "`data.eval_prompts` with `rollout.env`" in capsys.readouterr().err
+    assert main([*base, "--rollout.env", "builtin:chess"]) == 2
+    assert "the built-in environments are builtin:equations_retry" in capsys.readouterr().err

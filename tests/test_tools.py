@@ -124,22 +124,20 @@ def test_the_template_renders_the_tools_and_the_whole_conversation(chat_tokenize
     assert seq[len(ids):len(ids) + len(sampled)] == sampled
 
 
-def test_a_tool_env_trains_end_to_end(tmp_path, chat_tokenizer):
-    """A chat-template policy (random, so it rarely calls the tool) runs episodes of a ToolEnv: the
-    prompts carry the tool schema, every row ends done or at the turn limit, and an update runs."""
-    import sys
-    import types
+def test_the_calculator_example_trains_end_to_end(tmp_path, chat_tokenizer):
+    """examples/environments/calculator.py with a chat-template policy (random, so it rarely calls the
+    tool): the prompts carry the tool schema, rows need only the environment's columns, every episode
+    ends done or at the turn limit, and an update runs."""
+    from pathlib import Path
 
-    module = types.ModuleType("calc_env_for_test")
-    module.Calculator = Calculator
-    sys.modules["calc_env_for_test"] = module
-    rows = [{"prompt": f"What is {a} + {b}?", "answer": a + b} for a in range(4) for b in range(2)]
+    example = Path(__file__).resolve().parents[1] / "examples" / "environments" / "calculator.py"
+    rows = [{"question": f"What is {a} + {b}?", "answer": a + b} for a in range(4) for b in range(2)]
     lm = build_tiny_policy(chat_tokenizer, seed=0, hidden_size=32, max_position_embeddings=512)
-    cfg = tiny_config(tmp_path / "run", rollout__env="calc_env_for_test:Calculator", rollout__max_new_tokens=12,
+    cfg = tiny_config(tmp_path / "run", rollout__env=f"{example}:Calculator", rollout__max_new_tokens=12,
                       rollout__max_turns=2)
     tr = PPOTrainer(cfg, policy=lm, tokenizer=chat_tokenizer, prompt_rows=rows)
     b = tr.rollout(1)
-    assert all('"name": "add"' in p for p in b.prompts)
+    assert all('"name": "add"' in p and "What is" in p for p in b.prompts)
     assert bool((b.action_mask <= b.response_mask).all())
     m = tr.learn(b, 1).metrics
     assert 1 <= m["turns_mean"] <= 2 and torch.isfinite(torch.tensor(m["ref_kl"]))

@@ -36,9 +36,9 @@ def encode_prompts(tokenizer, prompts: list[str], add_special_tokens: bool = Tru
     return enc["input_ids"], enc["attention_mask"]
 
 
-def check_prompt_rows(rows: list[dict], prompt_column: str, source: str = "`data.prompts`") -> None:
+def check_prompt_rows(rows: list[dict], prompt_column: str | None, source: str = "`data.prompts`") -> None:
     """Every row has the same columns (the verifier receives them for every response) and a non-empty
-    text in ``prompt_column``."""
+    text in ``prompt_column`` (None: rows for an environment's reset, whose columns are its own)."""
     if not rows:
         raise ConfigError(f"{source}: the prompt dataset is empty")
     not_dict = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
@@ -50,6 +50,8 @@ def check_prompt_rows(rows: list[dict], prompt_column: str, source: str = "`data
             f"{source}: row {odd} has columns {sorted(rows[odd])} but row 0 has {sorted(rows[0])}; every "
             "row needs the same columns (the verifier receives them for every response)"
         )
+    if prompt_column is None:
+        return
     if prompt_column not in rows[0]:
         raise ConfigError(f"{source}: no column {prompt_column!r} (`data.prompt_column`); columns: {sorted(rows[0])}")
     bad = [i for i, r in enumerate(rows) if not (isinstance(r[prompt_column], str) and r[prompt_column])

@@ -314,9 +314,9 @@ def build_policy_module(cfg: TrainConfig, policy_lm: nn.Module, *, with_value_he
     return PolicyModel(policy_lm, value_head=head, value_grad_scale=cfg.model.value_grad_scale)
 
 
-def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False) -> list[dict]:
+def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False, env: bool = False) -> list[dict]:
     """The training prompts of ``cfg`` (``held_out``: its evaluation prompts), read and checked by their
-    columns (no tokenizer needed)."""
+    columns (no tokenizer needed; ``env``: rows for an environment's reset, any columns)."""
     source, field = (cfg.eval_prompts, "data.eval_prompts") if held_out else (cfg.prompts, "data.prompts")
     if source == "builtin:equations":
         from ..tasks.equations import make_prompts
@@ -334,7 +334,7 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False) -> l
             rows = load_rows(source, [], name=f"prompt data (`{field}`)", split=cfg.eval_split if held_out else cfg.split)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    prompts.check_prompt_rows(rows, cfg.prompt_column, source=f"`{field}`")
+    prompts.check_prompt_rows(rows, None if env else cfg.prompt_column, source=f"`{field}`")
     return rows
 
 
@@ -362,7 +362,7 @@ def build_prompts(cfg: TrainConfig, tokenizer, policy_lm: nn.Module, rows: list[
 
     d = cfg.data
     if given:
-        prompts.check_prompt_rows(rows, d.prompt_column, source="`prompt_rows`")
+        prompts.check_prompt_rows(rows, None if env else d.prompt_column, source="`prompt_rows`")
     if env:  # the rows go to the environment's reset as they are; it writes the prompts
         return PromptSet(rows, eval_rows, False, tuple(stop_ids))
     rows, chat = prompts.render_prompts(rows, d.prompt_column, d.chat_template, tokenizer)

@@ -90,7 +90,8 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
             raise ConfigError(str(e)) from None
     verifiers = {spec: builders.load_reward_verifier(spec) for spec, _ in specs if not builders.is_model_path(spec)}
     gold = builders.build_gold_verifier(m)
-    rows = None if prompt_rows_given else builders.read_prompt_rows(cfg.data, seed=cfg.seed)
+    rows = None if prompt_rows_given else builders.read_prompt_rows(cfg.data, seed=cfg.seed,
+                                                                    env=cfg.rollout.env is not None)
     eval_rows = None
     if cfg.data.eval_prompts is not None:
         if m.gold_reward is None and any(builders.is_model_path(spec) for spec, _ in specs):
