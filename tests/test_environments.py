@@ -313,9 +313,34 @@ def test_the_guess_example_runs_and_its_seeds_replay(tmp_path):
     assert a.learn(ra, 1).metrics["turns_mean"] >= 1
 
 
-def test_environment_settings_are_checked_before_any_model(tmp_path, capsys):
+def test_an_unknown_builtin_environment_is_refused_before_any_model(tmp_path, capsys):
     base = ["train", "--iterations", "1", "--log.no-tensorboard", "--output-dir", str(tmp_path / "run")]
-    assert main([*base, "--rollout.env", "builtin:equations_retry", "--data.eval-prompts", "builtin:equations"]) == 2
-    assert "`data.eval_prompts` with `rollout.env`" in capsys.readouterr().err
     assert main([*base, "--rollout.env", "builtin:chess"]) == 2
     assert "the built-in environments are builtin:equations_retry" in capsys.readouterr().err
+
+
+def test_held_out_episodes_are_evaluated_with_fixed_seeds(tmp_path):
+    """With data.eval_prompts, held-out episodes run greedily: eval_score is their mean return (the
+    retry task: 0.5^(k−1) for a right answer on turn k), the same episodes at every evaluation."""
+    cfg = tiny_config(tmp_path / "run", rollout__env="builtin:equations_retry", rollout__max_new_tokens=6,
+                      data__eval_prompts="builtin:equations", data__builtin_eval_prompts=16, log__eval_every=1,
+                      rollout__max_turns=3)
+    tr = PPOTrainer(cfg)
+    a, b = tr.evaluate(1), tr.evaluate(2)
+    assert a == {**b, "eval_s": a["eval_s"]} and 1 <= a["eval_turns"] <= 3
+    assert 0 <= a["eval_score"] <= 1
+    history = tr.train()
+    assert "eval_score" in history[-1] and "eval_turns" in history[-1]
+
+
+def test_the_retry_task_rewards_the_first_right_answer():
+    from ppo_lm.tasks.retry import FEEDBACK, FIRST_TRY, EquationsRetry
+
+    env = EquationsRetry()
+    prompt = env.reset({"prompt": "Solve 2x+3=11\n", "answer": "4"}, seed=0)
+    assert prompt == "Solve 2x+3=11\n"
+    assert env.step("x=5") == (FEEDBACK + prompt, 0.0, False)
+    assert env.step("x=3") == (FEEDBACK + prompt, 0.0, False)
+    assert env.step("x=4") == (None, FIRST_TRY ** 2, True)
+    env.reset({"prompt": "Solve x=2\n", "answer": "2"}, seed=1)
+    assert env.step("x=2") == (None, 1.0, True)

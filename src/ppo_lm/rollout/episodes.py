@@ -133,6 +133,31 @@ def collect_episodes(models: RolloutModels, tokenizer, env_cls: type, rows: list
                               forward_batch_size=forward_batch_size, device=device, lanes=lanes)
 
 
+@torch.no_grad()
+def evaluate_episodes(lm, tokenizer, env_cls: type, rows: list[dict], seeds: list[int], *, renderer: Renderer,
+                      sampling: SamplingParams, settings: EpisodeSettings, samples: int = 1, pass_score: float = 1.0,
+                      generator: torch.Generator | None = None, device="cpu") -> dict[str, float]:
+    """Held-out episodes (``samples`` per row, ``sampling`` temperature 0 = greedy): the mean episode
+    return Σ turn rewards as ``eval_score``, with ``samples`` k > 1 the share of rows with an episode
+    whose return is ≥ ``pass_score`` as ``eval_pass_at_k``, and ``eval_turns`` (turns per episode)."""
+    was_training = lm.training
+    lm.eval()
+    episodes = start_episodes(env_cls, rows, seeds, renderer, samples, settings.timeout_s,
+                              settings.max_episode_tokens)
+    for turn in range(settings.max_turns):
+        if all(e.finished for e in episodes):
+            break
+        take_turn(lm, tokenizer, episodes, renderer, sampling, settings, generator,
+                  last_turn=turn == settings.max_turns - 1, device=device)
+    lm.train(was_training)
+    returns = torch.tensor([sum(e.rewards) for e in episodes], dtype=torch.double)
+    out = {"eval_score": float(returns.mean()),
+           "eval_turns": sum(len(e.rewards) for e in episodes) / len(episodes)}
+    if samples > 1:
+        out["eval_pass_at_k"] = float((returns.view(len(rows), samples) >= pass_score).any(1).double().mean())
+    return out
+
+
 def score_episodes(models: RolloutModels, tokenizer, episodes: list[Episode], *, temperature: float,
                    forward_batch_size: int, device, lanes) -> RolloutBatch:
     """The finished episodes as one :class:`RolloutBatch`: prompts left-padded to P, the rest (turns and

@@ -32,7 +32,7 @@ from ..models.hf_compat import enable_checkpointing
 from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
 from ..rollout.environment import Renderer
-from ..rollout.episodes import EpisodeSettings, collect_episodes
+from ..rollout.episodes import EpisodeSettings, collect_episodes, evaluate_episodes
 from ..rollout.evaluate import evaluate
 from ..rollout.reward import RewardTerm, combine_terms, score_with_verifier
 from ..rollout.sampling import SamplingParams
@@ -331,17 +331,28 @@ class PPOTrainer:
         gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + 700 + iteration * 1009 + self.rank)
         rows = self.eval_rows[self.rank :: self.world]
         out = {"eval_score": 0.0, "eval_pass_at_k": 0.0}
-        if rows:
+        if rows and self.env_cls is not None:  # held-out episodes: their mean return
+            # the same held-out episodes at every evaluation: seeds of their own, not the iteration's
+            base = (cfg.seed * 1_000_003 + 999_983) * 10_007 + self.rank * len(rows) * k
+            seeds = [base + i for i in range(len(rows) * k)]
+            with sharding.gathered(self.policy):
+                out = evaluate_episodes(self.policy.lm, self.tokenizer, self.env_cls, rows, seeds,
+                                        renderer=self.renderer, sampling=params, settings=self.episode_settings,
+                                        samples=k, pass_score=cfg.log.eval_pass_score, generator=gen,
+                                        device=self.device)
+        elif rows:
             with sharding.gathered(self.policy):
                 out = evaluate(self.policy.lm, self.tokenizer, rows, self._eval_scores, params, samples=k,
                                pass_score=cfg.log.eval_pass_score, prompt_column=cfg.data.prompt_column,
                                generator=gen, add_special_tokens=not self.chat_prompts)
         totals = torch.tensor([out["eval_score"] * len(rows), out.get("eval_pass_at_k", 0.0) * len(rows),
-                               float(len(rows))], dtype=torch.double)
-        s_score, s_pass, n = dist.all_reduce_sum(totals).tolist()
+                               out.get("eval_turns", 0.0) * len(rows), float(len(rows))], dtype=torch.double)
+        s_score, s_pass, s_turns, n = dist.all_reduce_sum(totals).tolist()
         metrics = {"eval_score": s_score / n, "eval_s": timer.since_start()}
         if k > 1:
             metrics["eval_pass_at_k"] = s_pass / n
+        if self.env_cls is not None:
+            metrics["eval_turns"] = s_turns / n
         return metrics
 
     def _eval_scores(self, prompts: list[str], responses: list[str], columns: dict[str, list]) -> Tensor:

@@ -81,9 +81,6 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     env_cls = None
     if cfg.rollout.env is not None:  # its turn rewards replace model.reward (docs/environments.md)
         specs = []
-        if cfg.data.eval_prompts is not None:
-            raise ConfigError("`data.eval_prompts` with `rollout.env`: held-out evaluation of multi-turn episodes is "
-                              "not available yet; evaluate with your environment on a saved checkpoint")
         try:
             env_cls = load_env(cfg.rollout.env)
         except ValueError as e:
@@ -97,7 +94,7 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
         if m.gold_reward is None and any(builders.is_model_path(spec) for spec, _ in specs):
             raise ConfigError("`data.eval_prompts`: evaluation scores with a verifier, but `model.reward` includes a "
                               "reward model; set `model.gold_reward` to the verifier to evaluate with")
-        eval_rows = builders.read_prompt_rows(cfg.data, seed=cfg.seed, held_out=True)
+        eval_rows = builders.read_prompt_rows(cfg.data, seed=cfg.seed, held_out=True, env=env_cls is not None)
     return Preflight(resuming, verifiers, gold, rows, eval_rows, env_cls)
 
 
