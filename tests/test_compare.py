@@ -215,3 +215,19 @@ def test_run_record_curves_over_tokens_and_over_training_seconds(tmp_path):
     assert r["curves"]["score"] == [[12.0, 0.2], [32.0, 0.4]]
     assert r["wall_curves"]["score"] == [[7.0, 0.2], [15.0, 0.4]]
     assert r["wall_curves"]["eval_score"] == [[2.0, 0.1], [15.0, 0.3]]
+
+
+def test_compare_on_an_environment(tmp_path, monkeypatch, capsys):
+    """--env gives every run the environment: episodes of several turns, held-out episodes scored by
+    their return, the table saying so."""
+    monkeypatch.setattr(compare, "run_one", _in_process)
+    out = tmp_path / "cmp"
+    assert main(["compare", "--smoke", "--estimators", "gae,rloo", "--seeds", "0", "--iterations", "2",
+                 "--env", "builtin:equations_retry", "--output-dir", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["settings"]["env"] == "builtin:equations_retry"
+    for est in ("gae", "rloo"):
+        rows = [json.loads(x) for x in (out / "runs" / f"{est}-seed0" / "metrics.jsonl").read_text().splitlines()]
+        assert all(r["turns_mean"] >= 1 for r in rows[1:]) and "eval_turns" in rows[0]
+    assert "environment builtin:equations_retry; held-out accuracy: the mean return of greedy episodes" in \
+        (out / "summary.md").read_text()

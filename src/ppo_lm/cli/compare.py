@@ -62,6 +62,9 @@ class CompareConfig:
     """The reward of your own task (`model.reward`)."""
     eval_prompts: str | None = None
     """Held-out prompts of your own task (`data.eval_prompts`), scored by the reward's verifier."""
+    env: str | None = None
+    """A multi-turn environment for every run (`rollout.env`, docs/environments.md), e.g.
+    builtin:equations_retry; held-out episodes are then scored by their mean return."""
     output_dir: str = "compare"
     """Where summary.json, summary.md, curves.png, sft/ and runs/ go."""
     overwrite: bool = False
@@ -118,6 +121,8 @@ def parse_args(argv: list[str]) -> CompareConfig:
     p.add_argument("--reward", default=None, help="reward of your own task (as `model.reward`)")
     p.add_argument("--eval-prompts", "--eval_prompts", default=None,
                    help="held-out prompts of your own task (as `data.eval_prompts`)")
+    p.add_argument("--env", default=None, help="a multi-turn environment for every run (as `rollout.env`), e.g. "
+                   "builtin:equations_retry")
     p.add_argument("--output-dir", "--output_dir", default=d.output_dir, help=f"default {d.output_dir}/")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison's outputs in --output-dir")
     p.add_argument("--smoke", action="store_true", help="tiny sizes that run in seconds (wiring check)")
@@ -219,7 +224,7 @@ def run_config(cfg: CompareConfig, estimator: str, seed: int) -> TrainConfig:
     elif not cfg.own_task:
         run.model.policy = run.model.tokenizer = str(out / "sft")
     for value, section, name in ((cfg.prompts, run.data, "prompts"), (cfg.reward, run.model, "reward"),
-                                 (cfg.eval_prompts, run.data, "eval_prompts")):
+                                 (cfg.eval_prompts, run.data, "eval_prompts"), (cfg.env, run.rollout, "env")):
         if value is not None:
             setattr(section, name, value)
     if run.data.eval_prompts is None and not cfg.own_task:
@@ -242,7 +247,8 @@ def _settings(cfg: CompareConfig, runs: dict[str, TrainConfig]) -> dict:
             "layouts": {e: [r.rollout.num_prompts, r.rollout.samples_per_prompt] for e, r in runs.items()},
             "max_new_tokens": first.rollout.max_new_tokens,
             "policy": cfg.policy or ("the demo's SFT policy (sft/)" if not cfg.own_task else first.model.policy),
-            "eval_prompts": _eval_source(cfg, first), "threads": first.threads, "cpus": os.cpu_count()}
+            "eval_prompts": _eval_source(cfg, first), "threads": first.threads, "cpus": os.cpu_count(),
+            "env": first.rollout.env}
 
 
 def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:

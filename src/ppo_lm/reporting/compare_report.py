@@ -91,8 +91,10 @@ def summary_markdown(summary: dict) -> str:
         f"# ppo-lm compare: {', '.join(summary['estimators'])}",
         "",
         f"{s['iterations']} iterations × {s['episodes']} episodes ({layout[s['layout']]}: prompts × samples per "
-        f"prompt below) × ≤ {s['max_new_tokens']} tokens for every run; start: {s['policy']}; held-out accuracy: "
-        f"greedy, on {s['eval_prompts']}; seeds {', '.join(map(str, s['seeds']))}. Each cell: mean ± sample "
+        f"prompt below) × ≤ {s['max_new_tokens']} tokens{' a turn' if s.get('env') else ''} for every run; start: "
+        f"{s['policy']}; " + (f"environment {s['env']}; held-out accuracy: the mean return of greedy episodes"
+                              if s.get("env") else "held-out accuracy: greedy") +
+        f", on {s['eval_prompts']}; seeds {', '.join(map(str, s['seeds']))}. Each cell: mean ± sample "
         "standard deviation over the seeds (summary.json also has the minimum and maximum).",
         "",
         "| estimator | prompts × samples | held-out accuracy before | after | gain (points) | sampled tokens per run "
