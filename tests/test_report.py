@@ -205,3 +205,44 @@ def test_the_page_in_a_headless_browser(run_dir):
         assert not errors, errors
     finally:
         driver.quit()
+
+
+@pytest.fixture(scope="module")
+def env_run_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report_env")
+    env = root / "two_turns.py"
+    env.write_text("class Two:\n    def reset(self, row, seed):\n        self.n = 0\n        return row['prompt']\n"
+                   "    def step(self, text):\n        self.n += 1\n        return ' next:', float(len(text)), self.n >= 2\n")
+    cfg = tiny_config(root / "run", log__sample_every=1, log__num_samples=3, rollout__max_new_tokens=5,
+                      rollout__env=f"{env}:Two")
+    PPOTrainer(cfg).train()
+    return root / "run"
+
+
+def test_observation_tokens_are_null_in_the_credit_file_and_apart_on_the_page(env_run_dir):
+    records = _records(env_run_dir, 2)
+    for r in records:
+        assert len(r["action"]) == len(r["tokens"]) and not all(r["action"])
+        for key in ("advantage", "value", "kl", "ratio", "reward"):
+            assert all((v is None) == (not a) for v, a in zip(r[key], r["action"])), key
+    assert main(["report", str(env_run_dir)]) == 0
+    driver = _browser()
+    try:
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.by import By
+
+        driver.get((env_run_dir / "report" / "index.html").as_uri())
+        spans = driver.find_elements(By.CSS_SELECTOR, ".tok")
+        flags = [a for r in records for a in r["action"]]
+        assert ["obs" not in s.get_attribute("class") for s in spans] == flags
+        starts = [r["action"][i] and i > 0 and not r["action"][i - 1] for r in records for i in range(len(r["action"]))]
+        assert ["turn" in s.get_attribute("class") for s in spans] == starts and any(starts)
+        heads = driver.find_elements(By.CSS_SELECTOR, ".episode .head")
+        assert all("2 turns (observations in grey italics)" in h.text for h in heads)
+        obs_span = spans[flags.index(False)]
+        ActionChains(driver).move_to_element(obs_span).perform()
+        assert "observation (context: no loss, KL or value)" in driver.find_element(By.ID, "tip").text
+        errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+        assert not errors, errors
+    finally:
+        driver.quit()

@@ -48,6 +48,8 @@ h1 { font-size: 1.3em; } h2 { font-size: 1.1em; margin-top: 1.6em; }
 .tokens { font-family: ui-monospace, monospace; font-size: 16px; line-height: 1.9; }
 .tok { white-space: pre; padding: 1px 0; border-right: 1px solid #fff; cursor: default; }
 .tok:hover { outline: 1px solid #000; }
+.tok.obs { color: #777; font-style: italic; }  /* an environment's tokens: context, no loss */
+.tok.turn { border-left: 2px solid #333; margin-left: 2px; }  /* the first token of a later turn */
 #legend { display: inline-flex; align-items: center; gap: .4em; margin-left: 1em; font-size: .85em; }
 #legend .bar { width: 160px; height: 12px; background: linear-gradient(to right, rgb(33,102,172), #fff, rgb(178,24,43)); }
 #tip { position: fixed; display: none; background: #fffff8; border: 1px solid #999; padding: .4em .6em;
@@ -83,7 +85,8 @@ function showTip(ev) {
   const el = ev.currentTarget, ep = DATA.episodes[+el.dataset.e], t = +el.dataset.t;
   const rows = KEYS.map(k => `<tr><th>${SYMBOLS[k]}</th><td data-key="${k}">${fmt(ep[k] ? ep[k][t] : null)}</td></tr>`);
   const end = ending(ep, ", bootstrap V ", "");
-  tip.innerHTML = `<div><b></b> · token ${t + 1}/${ep.tokens.length} · id ${ep.token_ids[t]}</div>` +
+  const obs = ep.action && !ep.action[t] ? " · observation (context: no loss, KL or value)" : "";
+  tip.innerHTML = `<div><b></b> · token ${t + 1}/${ep.tokens.length} · id ${ep.token_ids[t]}${obs}</div>` +
     `<table>${rows.join("")}</table><div>score ${fmt(ep.score)} · ${end}</div>`;
   tip.querySelector("b").textContent = JSON.stringify(ep.tokens[t]);
   tip.style.display = "block";
@@ -99,13 +102,17 @@ function render() {
     const head = document.createElement("div"); head.className = "head";
     const end = ending(ep, " (bootstrap V ", ")");
     const lam = ep.lam === null ? "" : ` · λ ${fmt(ep.lam)}`;
+    const turns = ep.action ? ep.action.filter((a, i) => a && (i === 0 || !ep.action[i - 1])).length : 0;
     head.textContent = `episode ${ep.episode} · score ${fmt(ep.score)} · ${end} · ${ep.tokens.length} tokens` +
+      (turns ? ` · ${turns} turns (observations in grey italics)` : "") +
       ` · ${ep.estimator}, γ ${fmt(ep.gamma)}${lam}, β ${fmt(ep.kl_coef)} (${ep.kl_estimator})`;
     const prompt = document.createElement("div"); prompt.className = "prompt"; prompt.textContent = ep.prompt;
     const toks = document.createElement("div"); toks.className = "tokens";
     ep.tokens.forEach((t, i) => {
       const s = document.createElement("span"); s.className = "tok";
       s.dataset.e = e; s.dataset.t = i; s.textContent = tokenText(t, ep.token_ids[i]);
+      if (ep.action && !ep.action[i]) s.classList.add("obs");
+      else if (ep.action && i > 0 && !ep.action[i - 1]) s.classList.add("turn");
       s.addEventListener("mouseenter", showTip); s.addEventListener("mousemove", showTip);
       s.addEventListener("mouseleave", hideTip);
       toks.appendChild(s);

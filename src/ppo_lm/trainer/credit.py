@@ -49,8 +49,12 @@ def _num(x: float) -> float | None:
     return float(f"{x:.7g}") if math.isfinite(x) else None
 
 
-def _row(t: Tensor | None, i: int, n: int) -> list[float | None] | None:
-    return None if t is None else [_num(x) for x in t[i, :n].double().tolist()]
+def _row(t: Tensor | None, i: int, n: int, action: list[bool] | None = None) -> list[float | None] | None:
+    """Row i's first n values; null at observation tokens (``action`` False), which carry none."""
+    if t is None:
+        return None
+    values = [_num(x) for x in t[i, :n].double().tolist()]
+    return values if action is None else [v if a else None for v, a in zip(values, action)]
 
 
 def ratio_after_update(policy, batch: RolloutBatch, temperature: float) -> Tensor:
@@ -97,6 +101,8 @@ def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, t
     }
     per_token = {key: None if t is None else t.detach().cpu() for key, t in per_token.items()}
     ids = b.input_ids[:, b.prompt_width:].cpu()
+    action = ([None] * k if b.action_mask is None  # multi-turn: which tokens the policy sampled
+              else [b.action_mask[i, : int(lengths[i])].tolist() for i in range(k)])
     records = []
     for i in range(k):
         n = int(lengths[i])
@@ -121,8 +127,8 @@ def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, t
             "advantage_raw_is": raw_is,
             "token_ids": token_ids,
             "tokens": [tokenizer.decode([t], skip_special_tokens=False) for t in token_ids],
-            **{key: _row(per_token[key], i, n) for key in PER_TOKEN_KEYS},
-            **({} if b.action_mask is None else {"action": b.action_mask[i, :n].tolist()}),
+            **{key: _row(per_token[key], i, n, action[i]) for key in PER_TOKEN_KEYS},
+            **({} if action[i] is None else {"action": action[i]}),
         })
     return records
 
