@@ -222,7 +222,7 @@ def test_compare_on_an_environment(tmp_path, monkeypatch, capsys):
     their return, the table saying so."""
     monkeypatch.setattr(compare, "run_one", _in_process)
     out = tmp_path / "cmp"
-    assert main(["compare", "--smoke", "--estimators", "gae,rloo", "--seeds", "0", "--iterations", "2",
+    assert main(["compare", "--smoke", "--estimators", "gae,rloo", "--seeds", "0", "--iterations", "1",
                  "--env", "builtin:equations_retry", "--output-dir", str(out)]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["settings"]["env"] == "builtin:equations_retry"

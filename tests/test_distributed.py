@@ -100,6 +100,7 @@ def _metric_rows(path):
     return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in rows]
 
 
+@pytest.mark.slow  # three torchrun launches: ~25 s of the fast suite's 4 minutes; .ci/run runs it
 def test_fsdp_checkpoint_resume_equals_uninterrupted(tmp_path):
     full = _torchrun(_train_args(tmp_path / "full", 3, "--model.fsdp"), timeout=300)
     assert full.returncode == 0, full.stderr[-3000:]

@@ -54,7 +54,7 @@ def env_file(tmp_path):
 
 
 def trainer(tmp_path, env_file, cls="Echo", **kw):
-    kw = {"rollout__max_new_tokens": 6, **kw}
+    kw = {"rollout__max_new_tokens": 6, "rollout__num_prompts": 4, **kw}
     return PPOTrainer(tiny_config(tmp_path / "run", rollout__env=f"{env_file}:{cls}", **kw))
 
 
@@ -139,7 +139,7 @@ def test_the_turn_limit_truncates_and_bootstraps(tmp_path, env_file):
 
 
 def test_a_context_budget_ends_episodes_and_is_counted(tmp_path, env_file):
-    tr = trainer(tmp_path, env_file, rollout__max_episode_tokens=24, rollout__max_new_tokens=8)
+    tr = trainer(tmp_path, env_file, rollout__max_episode_tokens=24, rollout__max_new_tokens=8, rollout__num_prompts=8)
     b = tr.rollout(1)
     total = b.attention_mask.sum(1)
     assert int(total.max()) <= 24
@@ -292,8 +292,8 @@ def _metrics(path):
 def test_resume_equals_uninterrupted(tmp_path, env_file, lora):
     """Episodes are a function of the seed and the iteration: a run stopped after iteration 1 and
     resumed logs what the uninterrupted run logs (full fine-tuning and LoRA)."""
-    kw = dict(rollout__env=f"{env_file}:Echo", rollout__max_new_tokens=6, log__save_every=1, optim__epochs=1,
-              model__lora_r=lora)
+    kw = dict(rollout__env=f"{env_file}:Echo", rollout__max_new_tokens=4, log__save_every=1, optim__epochs=1,
+              optim__num_minibatches=1, rollout__num_prompts=4, model__lora_r=lora)
     PPOTrainer(tiny_config(tmp_path / "full", **kw)).train()
     PPOTrainer(tiny_config(tmp_path / "part", iterations=1, **kw)).train()
     PPOTrainer(tiny_config(tmp_path / "part", resume=True, **kw)).train()
@@ -305,7 +305,7 @@ def test_the_guess_example_runs_and_its_seeds_replay(tmp_path):
     from pathlib import Path
 
     example = Path(__file__).resolve().parents[1] / "examples" / "environments" / "guess.py"
-    kw = dict(rollout__env=f"{example}:Guess", rollout__max_new_tokens=3, rollout__num_prompts=16)
+    kw = dict(rollout__env=f"{example}:Guess", rollout__max_new_tokens=2, rollout__num_prompts=8, rollout__max_turns=3)
     a, b = PPOTrainer(tiny_config(tmp_path / "a", **kw)), PPOTrainer(tiny_config(tmp_path / "b", **kw))
     ra, rb = a.rollout(1), b.rollout(1)
     assert torch.equal(ra.input_ids, rb.input_ids) and torch.equal(ra.scores, rb.scores)
@@ -323,8 +323,8 @@ def test_held_out_episodes_are_evaluated_with_fixed_seeds(tmp_path):
     """With data.eval_prompts, held-out episodes run greedily: eval_score is their mean return (the
     retry task: 0.5^(k−1) for a right answer on turn k), the same episodes at every evaluation."""
     cfg = tiny_config(tmp_path / "run", rollout__env="builtin:equations_retry", rollout__max_new_tokens=6,
-                      data__eval_prompts="builtin:equations", data__builtin_eval_prompts=16, log__eval_every=1,
-                      rollout__max_turns=3)
+                      data__eval_prompts="builtin:equations", data__builtin_eval_prompts=8, log__eval_every=1,
+                      rollout__max_turns=3, rollout__num_prompts=4, iterations=1)
     tr = PPOTrainer(cfg)
     a, b = tr.evaluate(1), tr.evaluate(2)
     assert a == {**b, "eval_s": a["eval_s"]} and 1 <= a["eval_turns"] <= 3
