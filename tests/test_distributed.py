@@ -137,3 +137,19 @@ def test_lora_under_torchrun_resumes_as_uninterrupted(tmp_path, mode):
     (_, a), (_, b) = latest_checkpoint(tmp_path / "full"), latest_checkpoint(tmp_path / "part")
     for name in ("policy/adapter_model.safetensors", "critic/adapter_model.safetensors", "critic/value_head.safetensors"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.mark.slow
+def test_episodes_of_an_environment_under_torchrun_resume_as_uninterrupted(tmp_path):
+    """Multi-turn episodes under two ranks (each runs its share of the rows' episodes, seeded per rank
+    and episode): the run completes, and stopping after iteration 1 then resuming logs what the
+    uninterrupted run logs."""
+    env = ["--rollout.env", "builtin:equations_retry", "--rollout.max-turns", "3"]
+    full = _torchrun(_train_args(tmp_path / "full", 2, *env), timeout=300)
+    assert full.returncode == 0, full.stderr[-3000:]
+    part = _torchrun(_train_args(tmp_path / "part", 1, *env), timeout=300)
+    assert part.returncode == 0, part.stderr[-3000:]
+    resumed = _torchrun(_train_args(tmp_path / "part", 2, *env, "--resume"), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = _metric_rows(tmp_path / "full")
+    assert rows == _metric_rows(tmp_path / "part") and all(1 <= r["turns_mean"] <= 3 for r in rows)
