@@ -9,9 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from trainer_helpers import tiny_config
-from transformers import PreTrainedTokenizerFast
+from trainer_helpers import bpe_tokenizer, tiny_config
 
 from ppo_lm.cli.main import main
 from ppo_lm.rollout.environment import EnvError, Renderer
@@ -225,15 +223,8 @@ QWEN_STYLE = (
 
 @pytest.fixture(scope="module")
 def chat_tokenizer():
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = ["What is 3 + 4? The answer is 7.", "Wrong, try again.", "user assistant tool", "<tool_call>"] * 20
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|im_start|>", "<|im_end|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    t = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_start|>")
-    t.chat_template = QWEN_STYLE
-    return t
+    corpus = ["What is 3 + 4? The answer is 7.", "Wrong, try again.", "user assistant tool", "<tool_call>"]
+    return bpe_tokenizer(corpus, 400, chat_template=QWEN_STYLE)
 
 
 def test_chat_observations_render_the_whole_conversation(chat_tokenizer):

@@ -9,9 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from trainer_helpers import tiny_config
-from transformers import PreTrainedTokenizerFast
+from trainer_helpers import bpe_tokenizer, tiny_config
 
 from ppo_lm.algorithms import gae, shape_rewards
 from ppo_lm.cli.main import main
@@ -26,11 +24,7 @@ CORPUS = ["the step is 3 + 4 = 7", "café costs 5 €", "naïve über 12 × 3 = 
 @pytest.fixture(scope="module")
 def bpe():
     """A byte-level BPE tokenizer built here: multi-byte characters span several tokens."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS * 20, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return PreTrainedTokenizerFast(tokenizer_object=tok)
+    return bpe_tokenizer(CORPUS)
 
 
 def naive_token_of_char(tokenizer, ids, text, char_end):

@@ -9,9 +9,7 @@ import time
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from trainer_helpers import tiny_config
-from transformers import PreTrainedTokenizerFast
+from trainer_helpers import bpe_tokenizer, tiny_config
 
 from ppo_lm.rollout.environment import Renderer
 from ppo_lm.rollout.tools import ToolEnv, parse_tool_calls, run_tool_call
@@ -96,15 +94,8 @@ TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def chat_tokenizer():
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = ['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>', "What is 2 + 3?", "5"] * 20
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|im_start|>", "<|im_end|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    t = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_start|>")
-    t.chat_template = TEMPLATE
-    return t
+    corpus = ['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>', "What is 2 + 3?", "5"]
+    return bpe_tokenizer(corpus, 300, chat_template=TEMPLATE)
 
 
 def test_the_template_renders_the_tools_and_the_whole_conversation(chat_tokenizer):

@@ -33,3 +33,23 @@ def count_sevens(prompts, responses, **columns):
 def length_reward(prompts, responses, **columns):
     """Dense toy reward that varies across any sampled batch: the response length."""
     return [len(r) / 4 for r in responses]
+
+
+def bpe_tokenizer(corpus: list[str], vocab_size: int = 300, chat_template: str | None = None):
+    """A byte-level BPE tokenizer trained here on ``corpus`` (multi-byte characters span several
+    tokens); with ``chat_template``, ChatML special tokens (`<|im_start|>`, `<|im_end|>` = EOS) and
+    that template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|im_start|>", "<|im_end|>"] if chat_template else []
+    tok.train_from_iterator(corpus * 20, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if not chat_template:
+        return PreTrainedTokenizerFast(tokenizer_object=tok)
+    t = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_start|>")
+    t.chat_template = chat_template
+    return t
