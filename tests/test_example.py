@@ -94,5 +94,7 @@ def test_the_multi_turn_example_runs_one_iteration(tmp_path):
     assert s["heldout_score_is"].startswith("mean return of greedy held-out episodes")
     rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     assert 1 <= rows[-1]["turns_mean"] <= 2 and 1 <= rows[0]["eval_turns"] <= 2
-    two_turns = [json.loads(x) for x in (out / "run" / "samples.jsonl").read_text().splitlines()]
-    assert all("<|im_start|>" not in r["prompt"] or r["prompt"] for r in two_turns)
+    samples = [json.loads(x) for x in (out / "run" / "samples.jsonl").read_text().splitlines()]
+    for r in samples:  # a second turn: the feedback as the chat template renders a user message
+        if "That is not right" in r["response"]:
+            assert "<|im_start|>user\nThat is not right. Try again, and end with the number.<|im_end|>" in r["response"]
