@@ -87,7 +87,7 @@ def test_the_multi_turn_example_runs_one_iteration(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--no-install", "--config", "examples/multi_turn/ppo.yaml", "--output-dir",
          str(out), "--iterations", "1", "--num-prompts", "2", "--max-new-tokens", "8", "--heldout", "4",
-         "--log.no-progress"],
+         "--log.no-progress", "--log.sample-every", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
