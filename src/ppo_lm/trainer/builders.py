@@ -376,3 +376,16 @@ def build_prompts(cfg: TrainConfig, tokenizer, policy_lm: nn.Module, rows: list[
                               "and chat messages); use one kind")
         prompts.check_prompt_lengths(eval_rows, d.prompt_column, tokenizer, **fits)
     return PromptSet(rows, eval_rows, chat, tuple(stop_ids))
+
+
+def episode_setup(cfg: TrainConfig, tokenizer, policy_lm: nn.Module):
+    """With ``rollout.env``: the episodes' limits (``max_episode_tokens`` 0 = the policy's context) and the
+    renderer of the environment's answers (the chat template of ``data.chat_template``)."""
+    from ..rollout.environment import Renderer
+    from ..rollout.episodes import EpisodeSettings
+
+    r, d = cfg.rollout, cfg.data
+    context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
+    settings = EpisodeSettings(r.max_turns, min(r.max_episode_tokens or context, context), r.env_timeout_s)
+    template = Path(d.chat_template).read_text() if d.chat_template not in ("auto", "none") else None
+    return settings, Renderer(tokenizer, template, chat=d.chat_template != "none")

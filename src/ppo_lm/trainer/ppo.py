@@ -31,10 +31,8 @@ from ..models.actor_critic import RewardScorer
 from ..models.hf_compat import enable_checkpointing
 from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
-from ..rollout.environment import Renderer
-from ..rollout.episodes import EpisodeSettings, collect_episodes, evaluate_episodes
-from ..rollout.evaluate import evaluate
-from ..rollout.reward import RewardTerm, combine_terms, score_with_verifier
+from ..rollout.episodes import collect_episodes
+from ..rollout.reward import RewardTerm
 from ..rollout.sampling import SamplingParams
 from ..runtime import distributed as dist
 from ..runtime.errors import UserError
@@ -43,6 +41,7 @@ from . import adapters, builders, console, credit, sizing
 from .config import TrainConfig
 from .config_io import dump_yaml, to_dict
 from .diagnostics import rollout_metrics
+from .evaluation import held_out_metrics
 from .learner import build_learner
 from .metrics_log import MetricsLogger, truncate_jsonl
 from .preflight import preflight
@@ -144,12 +143,7 @@ class PPOTrainer:
                                        given=prompt_rows is not None, env=self.env_cls is not None)
         self.prompt_rows, self.eval_rows, self.chat_prompts = found.rows, found.eval_rows, found.chat
         if self.env_cls is not None:
-            r, d = cfg.rollout, cfg.data
-            context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
-            self.episode_settings = EpisodeSettings(r.max_turns, min(r.max_episode_tokens or context, context),
-                                                    r.env_timeout_s)
-            template = Path(d.chat_template).read_text() if d.chat_template not in ("auto", "none") else None
-            self.renderer = Renderer(self.tokenizer, template, chat=d.chat_template != "none")
+            self.episode_settings, self.renderer = builders.episode_setup(cfg, self.tokenizer, policy_lm)
         self.sampling = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
             top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=found.stop_ids,
@@ -321,45 +315,8 @@ class PPOTrainer:
         return s
 
     def evaluate(self, iteration: int) -> dict[str, float]:
-        """Held-out evaluation (``data.eval_prompts``): greedy, or ``log.eval_samples`` samples per prompt
-        for pass@k, scored by the gold verifier if there is one, else by the reward's verifiers. Each rank
-        takes a share of the prompts; the sampling generator is a fixed function of the seed and the
-        iteration, so evaluating never moves the training's random streams."""
-        cfg, k = self.cfg, self.cfg.log.eval_samples
-        timer = Timer()
-        params = dataclasses.replace(self.sampling, temperature=0.0) if k == 1 else self.sampling
-        gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + 700 + iteration * 1009 + self.rank)
-        rows = self.eval_rows[self.rank :: self.world]
-        out = {"eval_score": 0.0, "eval_pass_at_k": 0.0}
-        if rows and self.env_cls is not None:  # held-out episodes: their mean return
-            # the same held-out episodes at every evaluation: seeds of their own, not the iteration's
-            base = (cfg.seed * 1_000_003 + 999_983) * 10_007 + self.rank * len(rows) * k
-            seeds = [base + i for i in range(len(rows) * k)]
-            with sharding.gathered(self.policy):
-                out = evaluate_episodes(self.policy.lm, self.tokenizer, self.env_cls, rows, seeds,
-                                        renderer=self.renderer, sampling=params, settings=self.episode_settings,
-                                        samples=k, pass_score=cfg.log.eval_pass_score, generator=gen,
-                                        device=self.device)
-        elif rows:
-            with sharding.gathered(self.policy):
-                out = evaluate(self.policy.lm, self.tokenizer, rows, self._eval_scores, params, samples=k,
-                               pass_score=cfg.log.eval_pass_score, prompt_column=cfg.data.prompt_column,
-                               generator=gen, add_special_tokens=not self.chat_prompts)
-        totals = torch.tensor([out["eval_score"] * len(rows), out.get("eval_pass_at_k", 0.0) * len(rows),
-                               out.get("eval_turns", 0.0) * len(rows), float(len(rows))], dtype=torch.double)
-        s_score, s_pass, s_turns, n = dist.all_reduce_sum(totals).tolist()
-        metrics = {"eval_score": s_score / n, "eval_s": timer.since_start()}
-        if k > 1:
-            metrics["eval_pass_at_k"] = s_pass / n
-        if self.env_cls is not None:
-            metrics["eval_turns"] = s_turns / n
-        return metrics
-
-    def _eval_scores(self, prompts: list[str], responses: list[str], columns: dict[str, list]) -> Tensor:
-        if self.gold_verifier is not None:
-            return score_with_verifier(self.gold_verifier, prompts, responses, columns)
-        return combine_terms(self.rewards, [score_with_verifier(t.verifier, prompts, responses, columns)
-                                            for t in self.rewards])
+        """Held-out evaluation (``data.eval_prompts``), trainer/evaluation.py."""
+        return held_out_metrics(self, iteration)
 
     def _warn_no_signal(self, score: float) -> None:
         """Once per run: every response of an iteration scored the same, so the advantages carry no
