@@ -174,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         "policy": str(policy), "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "command": " ".join(cmd[1:]),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if recipe.rollout.env is not None:  # a multi-turn environment: the held-out score is the mean return
         summary["heldout_score_is"] = "mean return of greedy held-out episodes of " + recipe.rollout.env
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("[recipe] held-out accuracy by iteration: "
           + ", ".join(f"{it}: {score:.3f}" for it, score in evals))
     print(f"[recipe] held-out accuracy before {evals[0][1]:.3f} -> after {evals[-1][1]:.3f} "
