@@ -106,7 +106,7 @@ def test_observation_tokens_carry_no_loss(tmp_path, env_file):
     identical trainers, one updated on a rollout with garbage there, end with the same weights."""
     from dataclasses import replace
 
-    one, two = trainer(tmp_path / "a", env_file), trainer(tmp_path / "b", env_file)
+    one, two = (trainer(tmp_path / d, env_file, optim__epochs=1, rollout__max_new_tokens=4) for d in "ab")
     b = one.rollout(1)
     obs = b.response_mask & ~b.action_mask
     assert obs.any()
@@ -279,7 +279,7 @@ def _metrics(path):
     return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in rows]
 
 
-@pytest.mark.parametrize("lora", [0, 4])
+@pytest.mark.parametrize("lora", [0, pytest.param(4, marks=pytest.mark.slow)])  # LoRA: with the slow tests
 def test_resume_equals_uninterrupted(tmp_path, env_file, lora):
     """Episodes are a function of the seed and the iteration: a run stopped after iteration 1 and
     resumed logs what the uninterrupted run logs (full fine-tuning and LoRA)."""
