@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import torch
-from torch import Tensor
 
+from ..data.examples import pad_sequences
 from ..models.sharding import gathered
 from ..runtime.timing import Timer
 from .batch import RolloutBatch
@@ -63,21 +63,12 @@ def start_episodes(env_cls: type, rows: list[dict], seeds: list[int], renderer: 
     return episodes
 
 
-def left_padded(seqs: list[list[int]], pad: int, device) -> tuple[Tensor, Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s):] = 1
-    return ids.to(device), mask.to(device)
-
-
 def take_turn(lm, tokenizer, episodes: list[Episode], renderer: Renderer, sampling: SamplingParams,
               s: EpisodeSettings, generator, *, last_turn: bool, device) -> None:
     """One turn of every unfinished episode: sample in one batch, then step each environment."""
     active = [e for e in episodes if not e.finished]
-    ids, mask = left_padded([e.prompt_ids + e.tokens for e in active], tokenizer.pad_token_id, device)
+    ids, mask = (t.to(device) for t in pad_sequences([e.prompt_ids + e.tokens for e in active],
+                                                     tokenizer.pad_token_id, side="left"))
     limit = min(sampling.max_new_tokens, max(e.room(s.max_episode_tokens) for e in active))
     params = replace(sampling, max_new_tokens=limit, min_new_tokens=min(sampling.min_new_tokens, limit))
     gen = generate(lm, ids, mask, params, pad_token_id=tokenizer.pad_token_id, generator=generator)
@@ -109,6 +100,19 @@ def take_turn(lm, tokenizer, episodes: list[Episode], renderer: Renderer, sampli
         e.finished = last_turn
 
 
+def run_episodes(lm, tokenizer, env_cls: type, rows: list[dict], seeds: list[int], *, renderer: Renderer,
+                 sampling: SamplingParams, settings: EpisodeSettings, samples: int, generator, device) -> list[Episode]:
+    """``samples`` episodes per row (``seeds``: one per episode), turn by turn in one batch, to the end:
+    done, the turn limit, or a context with no room left."""
+    episodes = start_episodes(env_cls, rows, seeds, renderer, samples, settings.timeout_s, settings.max_episode_tokens)
+    for turn in range(settings.max_turns):
+        if all(e.finished for e in episodes):
+            break
+        take_turn(lm, tokenizer, episodes, renderer, sampling, settings, generator,
+                  last_turn=turn == settings.max_turns - 1, device=device)
+    return episodes
+
+
 def collect_episodes(models: RolloutModels, tokenizer, env_cls: type, rows: list[dict], seeds: list[int], *,
                      renderer: Renderer, sampling: SamplingParams, settings: EpisodeSettings, samples_per_prompt: int,
                      generator: torch.Generator | None, forward_batch_size: int = 0, device="cpu",
@@ -119,15 +123,11 @@ def collect_episodes(models: RolloutModels, tokenizer, env_cls: type, rows: list
     :func:`~ppo_lm.rollout.collect.collect_rollout`."""
     timer = timer if timer is not None else Timer()
     with timer("generate_s"):
-        episodes = start_episodes(env_cls, rows, seeds, renderer, samples_per_prompt, settings.timeout_s,
-                                  settings.max_episode_tokens)
         models.policy.lm.eval()
         with gathered(models.policy):  # FSDP: one all-gather for every turn's decode
-            for turn in range(settings.max_turns):
-                if all(e.finished for e in episodes):
-                    break
-                take_turn(models.policy.lm, tokenizer, episodes, renderer, sampling, settings, generator,
-                          last_turn=turn == settings.max_turns - 1, device=device)
+            episodes = run_episodes(models.policy.lm, tokenizer, env_cls, rows, seeds, renderer=renderer,
+                                    sampling=sampling, settings=settings, samples=samples_per_prompt,
+                                    generator=generator, device=device)
     with timer("score_s"):
         return score_episodes(models, tokenizer, episodes, temperature=sampling.temperature or 1.0,
                               forward_batch_size=forward_batch_size, device=device, lanes=lanes)
@@ -142,13 +142,8 @@ def evaluate_episodes(lm, tokenizer, env_cls: type, rows: list[dict], seeds: lis
     whose return is ≥ ``pass_score`` as ``eval_pass_at_k``, and ``eval_turns`` (turns per episode)."""
     was_training = lm.training
     lm.eval()
-    episodes = start_episodes(env_cls, rows, seeds, renderer, samples, settings.timeout_s,
-                              settings.max_episode_tokens)
-    for turn in range(settings.max_turns):
-        if all(e.finished for e in episodes):
-            break
-        take_turn(lm, tokenizer, episodes, renderer, sampling, settings, generator,
-                  last_turn=turn == settings.max_turns - 1, device=device)
+    episodes = run_episodes(lm, tokenizer, env_cls, rows, seeds, renderer=renderer, sampling=sampling,
+                            settings=settings, samples=samples, generator=generator, device=device)
     lm.train(was_training)
     returns = torch.tensor([sum(e.rewards) for e in episodes], dtype=torch.double)
     out = {"eval_score": float(returns.mean()),
@@ -163,19 +158,14 @@ def score_episodes(models: RolloutModels, tokenizer, episodes: list[Episode], *,
     """The finished episodes as one :class:`RolloutBatch`: prompts left-padded to P, the rest (turns and
     observations) right-padded to T, with the action mask, turn rewards and episode statistics."""
     pad = tokenizer.pad_token_id
-    prompt_ids, prompt_mask = left_padded([e.prompt_ids for e in episodes], pad, device)
-    B, T = len(episodes), max(len(e.tokens) for e in episodes)
-    block = torch.full((B, T), pad, dtype=torch.long)
-    response_mask = torch.zeros(B, T, dtype=torch.bool)
-    action_mask = torch.zeros(B, T, dtype=torch.bool)
-    step_rewards = torch.zeros(B, T)
+    prompt_ids, prompt_mask = (t.to(device) for t in pad_sequences([e.prompt_ids for e in episodes], pad, side="left"))
+    block, response_mask = pad_sequences([e.tokens for e in episodes], pad)
+    action_mask = pad_sequences([[int(a) for a in e.actions] for e in episodes], 0)[0].bool()
+    step_rewards = torch.zeros(block.shape)
     for i, e in enumerate(episodes):
-        block[i, : len(e.tokens)] = torch.tensor(e.tokens, dtype=torch.long)
-        response_mask[i, : len(e.tokens)] = True
-        action_mask[i, : len(e.tokens)] = torch.tensor(e.actions)
         for end, r in zip(e.turn_ends[:-1], e.rewards[:-1]):
             step_rewards[i, end] += r
-    block, response_mask, action_mask, step_rewards = (t.to(device) for t in (block, response_mask, action_mask,
+    block, response_mask, action_mask, step_rewards = (t.to(device) for t in (block, response_mask.bool(), action_mask,
                                                                               step_rewards))
     input_ids = torch.cat([prompt_ids, block], 1)
     attention_mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], 1)
