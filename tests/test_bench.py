@@ -41,6 +41,30 @@ def test_w2_stops_early(capsys):
     assert r["response_length_mean"] < bench_workloads.TINY.response_len
 
 
+def test_w4_long_responses_keep_w1_tokens(capsys):
+    """W4: W1's sampled tokens per iteration in four prompts by default (tiny: 4 × 16 = TINY's 64)."""
+    r = _run(capsys, "--workload", "w4", "--warmup", "0", "--threads", "1")
+    tokens = bench_workloads.TINY.batch * bench_workloads.TINY.response_len
+    assert r["workload"] == "W4-tiny" and r["response_length_mean"] == tokens // 4
+    assert r["episodes_per_s"] == pytest.approx(4 / r["s_per_iteration"], rel=1e-2)
+    r = _run(capsys, "--workload", "w4", "--warmup", "0", "--threads", "1", "--response-length", "32")
+    assert r["response_length_mean"] == 32
+    assert r["episodes_per_s"] == pytest.approx(tokens // 32 / r["s_per_iteration"], rel=1e-2)
+    cfg = bench_workloads.make_config("w4", bench_workloads.w4_shape(), ("p", "r", "t"), "out", 2, 2)
+    assert (cfg.rollout.num_prompts, cfg.rollout.max_new_tokens, cfg.rollout.min_new_tokens) == (4, 1024, 1024)
+    assert bench_workloads.qwen2_config(bench_workloads.w4_shape()).max_position_embeddings >= 32 + 1024
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workload", "w4", "--response-length", "48"], "--response-length must divide 64"),
+    (["--workload", "w1", "--response-length", "32"], "--response-length is for --workload w4"),
+])
+def test_bad_response_length_is_refused(capsys, argv, message):
+    assert main(["bench", "--tiny", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ppo-lm: error: {message}") and err.count("\n") == 1
+
+
 def test_bad_cpu_lanes_is_refused(capsys):
     assert main(["bench", "--tiny", "--cpu-lanes", "0"]) == 2
     assert capsys.readouterr().err == "ppo-lm: error: --cpu-lanes must be >= 1, got 0\n"

@@ -192,6 +192,27 @@ def test_onednn_linear_matches_f_linear():
         assert float((onednn.linear(x0, w0) - x0 @ w0.T).abs().max()) < 1e-4
 
 
+@pytest.mark.skipif(onednn._REORDER is None, reason="this torch build has no oneDNN weight reorder")
+def test_packed_weights_match_f_linear_at_any_row_count():
+    """onednn.pack: a weight reordered once for about 4 rows gives F.linear's values for other row counts,
+    with and without bias, 2-d and 3-d inputs; other dtypes stay as they are. The decoder's weights
+    (every layer matrix and the LM head) are packed, so decoding takes this path."""
+    g = torch.Generator().manual_seed(5)
+    w, b = torch.randn(48, 40, generator=g), torch.randn(48, generator=g)
+    packed = onednn.pack(w, 4)
+    assert packed.is_mkldnn and not onednn.pack(w.to(torch.bfloat16), 4).is_mkldnn
+    for shape in ((1, 40), (4, 40), (7, 40), (64, 40), (5, 1, 40)):
+        x = torch.randn(*shape, generator=g)
+        for bias in (None, b):
+            ref = torch.nn.functional.linear(x, w, bias)
+            assert float((onednn.linear(x, packed, bias) - ref).abs().max()) < 1e-4 * (1 + float(ref.abs().max()))
+    lm = _model("qwen2", 2)
+    ids, mask = _batch()
+    dec = _LeanDecoder(lm, ids[:, :P], mask[:, :P], T)
+    assert all(x.is_mkldnn for layer in dec.weights for x in (layer.qkv, layer.gate_up, layer.o, layer.down))
+    assert dec.head_w is not None and dec.head_w.is_mkldnn
+
+
 def test_scoring_groups_follow_lengths():
     """Equal lengths: one forward over the batch; skewed lengths: length-sorted groups, each cut to its
     own longest response; every row exactly once either way."""

@@ -1,6 +1,6 @@
 """``ppo-lm bench``: throughput of the real trainer on the benchmark workloads (docs/benchmarks.md).
 
-The workloads W1, W2 and W3 (models, prompts, settings, FLOP count) are defined in
+The workloads W1, W2, W3 and W4 (models, prompts, settings, FLOP count) are defined in
 :mod:`ppo_lm.cli.bench_workloads`; this module times them and accounts for the machine's other load.
 
 Everything runs through :class:`ppo_lm.trainer.ppo.PPOTrainer` and its ``train_iteration`` — the
@@ -35,6 +35,7 @@ from .bench_workloads import (
     save_w3_reward,
     shape_of,
     w3_prompts,
+    w4_shape,
 )
 
 
@@ -128,9 +129,9 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
               warmup: int = 1, tiny: bool = False, compare_hf_generate: bool = False,
               compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False,
               cpu_lanes: int | None = None, policy: str | None = None, lora_r: int = 0,
-              micro_batch_size: int | None = None) -> dict:
+              micro_batch_size: int | None = None, response_length: int | None = None) -> dict:
     """Build the workload, run ``warmup + iterations`` trainer iterations and report throughput
-    (``policy``: W3's model, a ``.gguf`` file or a save_pretrained directory).
+    (``policy``: W3's model, a ``.gguf`` file or a save_pretrained directory; ``response_length``: W4's).
 
     Per-phase seconds are medians over the timed iterations (the ``warmup`` first ones are dropped);
     ``episodes_per_s`` = batch / median ``iteration_s``. Prints a table, or one JSON line if ``json_out``.
@@ -138,14 +139,14 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
     from ..models import kernels
     from ..trainer.ppo import PPOTrainer
 
-    if workload not in ("w1", "w2", "w3"):
-        raise ValueError(f"unknown workload {workload!r}; choose w1, w2 or w3")
+    if workload not in ("w1", "w2", "w3", "w4"):
+        raise ValueError(f"unknown workload {workload!r}; choose w1, w2, w3 or w4")
     if (workload == "w3") != (policy is not None):
         raise ValueError("W3 needs a policy (a .gguf file or a model directory); W1 and W2 build their own")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" / "Loading weights" bars: noise here
-    shape = TINY if tiny else W1_SHAPE
+    shape = w4_shape(response_length, tiny) if workload == "w4" else TINY if tiny else W1_SHAPE
     if threads:
         torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="ppo-lm-bench-") as tmp:
@@ -223,11 +224,14 @@ def bench_command(argv: list[str]) -> dict:
     from ..runtime.errors import ArgumentParser, UsageError
 
     ap = ArgumentParser(prog="ppo-lm bench", description="Throughput of the PPO trainer on the "
-                        "benchmark workloads W1 (fixed 64-token responses), W2 (early stops) and W3 (a real "
-                        "model given by --policy, e.g. SmolLM2-135M-Instruct).")
-    ap.add_argument("--workload", choices=["w1", "w2", "w3"], default="w1")
+                        "benchmark workloads W1 (fixed 64-token responses), W2 (early stops), W3 (a real "
+                        "model given by --policy, e.g. SmolLM2-135M-Instruct) and W4 (W1 with long responses).")
+    ap.add_argument("--workload", choices=["w1", "w2", "w3", "w4"], default="w1")
     ap.add_argument("--policy", default=None, metavar="PATH",
                     help="W3 only: the policy, a .gguf file or a save_pretrained directory")
+    ap.add_argument("--response-length", type=int, default=None, metavar="N",
+                    help="W4 only: sampled tokens per response (default 1024); 4096 // N prompts keep W1's "
+                         "4096 tokens per iteration (64 is W1)")
     ap.add_argument("--iterations", type=int, default=3, help="timed iterations (after --warmup)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (0: torch's default)")
@@ -260,6 +264,13 @@ def bench_command(argv: list[str]) -> dict:
         raise UsageError(f"--lora-r must be >= 0, got {args.lora_r}")
     if args.micro_batch_size is not None and args.micro_batch_size < 0:
         raise UsageError(f"--micro-batch-size must be >= 0, got {args.micro_batch_size}")
+    if args.response_length is not None:
+        tokens = (TINY if args.tiny else W1_SHAPE).batch * (TINY if args.tiny else W1_SHAPE).response_len
+        if args.workload != "w4":
+            raise UsageError(f"--response-length is for --workload w4; {args.workload} has its own")
+        if args.response_length < 1 or tokens % args.response_length:
+            raise UsageError(f"--response-length must divide {tokens} (W1's sampled tokens per iteration), "
+                             f"got {args.response_length}")
     if args.workload == "w3" and args.policy is None:
         raise UsageError("--workload w3 needs --policy PATH (a .gguf file, e.g. SmolLM2-135M-Instruct's, or a "
                          "save_pretrained model directory)")
@@ -281,11 +292,11 @@ def bench_command(argv: list[str]) -> dict:
                      compare_hf_generate=args.compare_hf_generate, compile_kernels=args.compile_kernels,
                      device=args.device, logp_from_sampler=args.logp_from_sampler, cpu_lanes=args.cpu_lanes,
                      lora_r=args.lora_r, micro_batch_size=args.micro_batch_size,
-                     policy=args.policy)
+                     policy=args.policy, response_length=args.response_length)
 
 
 def cmd_bench(argv: list[str]) -> int:
-    """``ppo-lm bench --workload w1|w2|w3 [--policy PATH] --iterations N [--threads 2] [--json]
+    """``ppo-lm bench --workload w1|w2|w3|w4 [--policy PATH] [--response-length N] --iterations N [--threads 2] [--json]
     [--compare-hf-generate]``: a bad
     flag or value is one line and status 2, before anything is built."""
     from .main import _run

@@ -21,10 +21,16 @@ directory and given as ``model.reward``, and the separate critic is initialised 
 peer's list and seed) rendered with the model's chat template; exactly 32 sampled tokens; temperature
 1; 4 epochs × 2 minibatches of 8; k1 KL β=0.05 in the reward; clip 0.2; value clip 0.2; vf_coef 0.1;
 γ=1; λ=0.95; learning rate 1e-6 (the peer's).
+
+W4: W1's models and settings with long responses at W1's 4096 sampled tokens per iteration: 4 prompts
+× exactly 1024 tokens by default (``--response-length N``: 4096 // N prompts of N tokens; 64 is W1).
+Decoding a few long rows is where the per-step cost of the sampler, not arithmetic, decides the
+iteration.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +67,18 @@ TINY = Shape(vocab=64, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=4
              response_len=8)
 
 
+def w4_shape(response_len: int | None = None, tiny: bool = False) -> Shape:
+    """W4: W1's models (``TINY``'s with ``tiny``) and W1's sampled tokens per iteration (batch ×
+    response tokens) as ``tokens // response_len`` prompts of ``response_len`` tokens (None: 4 prompts,
+    1024 tokens each at W1's size)."""
+    base = TINY if tiny else W1_SHAPE
+    tokens = base.batch * base.response_len
+    response_len = response_len or tokens // 4
+    if response_len < 1 or tokens % response_len:
+        raise ValueError(f"the W4 response length must divide {tokens}, got {response_len}")
+    return dataclasses.replace(base, batch=tokens // response_len, response_len=response_len)
+
+
 def build_tokenizer(vocab: int):
     """WordLevel tokenizer over '[PAD]' '[UNK]' '[BOS]' '[EOS]' 'w0' … : one word = one token, pad ≠ eos."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -78,7 +96,8 @@ def qwen2_config(shape: Shape, **extra):
 
     return Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
                        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                       num_key_value_heads=shape.kv_heads, max_position_embeddings=512, pad_token_id=0,
+                       num_key_value_heads=shape.kv_heads,
+                       max_position_embeddings=max(512, shape.prompt_len + shape.response_len), pad_token_id=0,
                        bos_token_id=2, eos_token_id=3, tie_word_embeddings=False, **extra)
 
 
@@ -174,7 +193,7 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None],
     m.lora_r = lora_r
     cfg.data.shuffle = False
     r.num_prompts, r.samples_per_prompt, r.max_new_tokens, r.temperature = shape.batch, 1, shape.response_len, 1.0
-    if workload in ("w1", "w3"):
+    if workload in ("w1", "w3", "w4"):
         r.min_new_tokens = shape.response_len  # stop tokens are never sampled: exactly R tokens, as TRL's
     else:
         r.stop_tokens = [f"w{i}" for i in range(max(shape.vocab // 16 - 1, 1))]  # + EOS: ≈ 1/16 per step

@@ -40,23 +40,31 @@ path. Separate projections with LoRA adapters (peft) run here: the frozen base's
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import kernels, lean_support, lora
-from .onednn import linear
+from .onednn import linear, pack
 
 
-def _proj(module: nn.Module, x: Tensor) -> Tensor:
-    """A projection (``nn.Linear``, or a LoRA layer: its frozen base plus its adapters' output)."""
-    base = lora.plain_linear(module)
-    return lora.plus(linear(x, base.weight, base.bias), lora.delta(module, x))
+def _proj(module: nn.Module, x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+    """A projection (``nn.Linear``, or a LoRA layer: its frozen base plus its adapters' output); with
+    ``weight``, the base's weight and ``bias`` as :func:`fused_weights` holds them."""
+    if weight is None:
+        base = lora.plain_linear(module)
+        weight, bias = base.weight, base.bias
+    return lora.plus(linear(x, weight, bias), lora.delta(module, x))
 
 
-def head(module: nn.Module, h: Tensor) -> Tensor:
+def head(module: nn.Module, h: Tensor, packed: Tensor | None = None) -> Tensor:
     """An output head (e.g. ``lm_head``) applied to ``h``: through :func:`linear` when it is a plain
-    ``nn.Linear``, else the module itself (wrapped or custom heads)."""
+    ``nn.Linear`` (with ``packed``, its :func:`packed_head` weight), else the module itself (wrapped or
+    custom heads)."""
+    if packed is not None:
+        return linear(h, packed)
     return _proj(module, h) if type(module) is nn.Linear else module(h)
 
 
@@ -121,17 +129,42 @@ def _separate(module: nn.Module, *names: str) -> list[nn.Module]:
     return [] if any(f is None for f in found) else found
 
 
-def fused_weights(body: nn.Module) -> list[tuple]:
-    """Per layer (w_qkv, b_qkv, w_gate_up), concatenated once: for repeated no-grad calls (decoding)
-    while the weights do not change. Training forwards concatenate per call instead, so gradients
-    reach the parameters."""
+class DecodeWeights(NamedTuple):
+    """One layer's weights for repeated no-grad calls (decoding): q‖k‖v and gate‖up concatenated once,
+    every matrix in the layout :func:`onednn.pack` gives it (the plain tensors where oneDNN is not used).
+    LoRA layers contribute their frozen bases here; their adapters still run per call."""
+
+    qkv: Tensor
+    qkv_bias: Tensor | None
+    gate_up: Tensor
+    o: Tensor
+    o_bias: Tensor | None
+    down: Tensor
+    down_bias: Tensor | None
+
+
+def fused_weights(body: nn.Module, rows: int = 1) -> list[DecodeWeights]:
+    """Per layer :class:`DecodeWeights`, built once for inputs of about ``rows`` rows: for repeated
+    no-grad calls while the weights do not change. Training forwards concatenate per call instead, so
+    gradients reach the parameters."""
     with torch.no_grad():
         out = []
         for layer in body.layers:
             gate_up = layer.mlp._modules.get("gate_up_proj")
             w_gu = gate_up.weight if gate_up is not None else _fused([layer.mlp.gate_proj, layer.mlp.up_proj])[0]
-            out.append((*_qkv(layer.self_attn), w_gu))
+            w_qkv, b_qkv = _qkv(layer.self_attn)
+            o, down = lora.plain_linear(layer.self_attn.o_proj), lora.plain_linear(layer.mlp.down_proj)
+            out.append(DecodeWeights(pack(w_qkv, rows), b_qkv, pack(w_gu, rows), pack(o.weight, rows), o.bias,
+                                     pack(down.weight, rows), down.bias))
         return out
+
+
+def packed_head(module: nn.Module, rows: int) -> Tensor | None:
+    """The output head's weight in :func:`onednn.pack`'s layout when :func:`head` runs it as a plain linear
+    layer, else None."""
+    if type(module) is not nn.Linear or module.bias is not None:
+        return None
+    return pack(module.weight, rows)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -178,7 +211,7 @@ def forward_hidden(
     cache: KVBuffers | None = None,
     cache_pos: int = 0,
     key_valid: Tensor | None = None,
-    weights: list[tuple] | None = None,
+    weights: list[DecodeWeights] | None = None,
     segment_ids: Tensor | None = None,
     keep_index: Tensor | None = None,
 ) -> Tensor:
@@ -263,7 +296,7 @@ def forward_hidden(
             q = _rotate(q, _queries(cos, cut, pick), _queries(sin, cut, pick))
             k = _rotate(k, cos, sin)
         else:
-            w, b = weights[i][:2] if weights is not None else _qkv(a)
+            w, b = (weights[i].qkv, weights[i].qkv_bias) if weights is not None else _qkv(a)
             qkv = lora.plus(linear(x, w, b), lora.fused_delta(_separate(a, "q_proj", "k_proj", "v_proj"), x))
             qkv = qkv.view(B, L, n_q + 2 * n_kv, hd)
             if q_norm is None:
@@ -286,13 +319,15 @@ def forward_hidden(
         else:
             out = _attend(q, k, v, None, False, a.scaling)
         out = out.transpose(1, 2).reshape(B, -1, n_q * hd)
-        h = residual + _proj(a.o_proj, out)
+        wi = weights[i] if weights is not None else None
+        h = residual + (_proj(a.o_proj, out) if wi is None else _proj(a.o_proj, out, wi.o, wi.o_bias))
         x = _rms(h, layer.post_attention_layernorm)
-        if weights is not None:
-            gate, up = lora.plus(linear(x, weights[i][2]), lora.fused_delta(_separate(m, "gate_proj", "up_proj"), x)).chunk(2, dim=-1)
+        if wi is not None:
+            gate, up = lora.plus(linear(x, wi.gate_up), lora.fused_delta(_separate(m, "gate_proj", "up_proj"), x)).chunk(2, dim=-1)
         elif "gate_up_proj" in m._modules:  # Phi-3: one fused projection, gate then up
             gate, up = _proj(m.gate_up_proj, x).chunk(2, dim=-1)
         else:  # with autograd, a fused gate/up would cost a weight cat and a (B, L, 2f) gradient cat
             gate, up = _proj(m.gate_proj, x), _proj(m.up_proj, x)
-        h = h + _proj(m.down_proj, kernels.swiglu(gate, up))
+        act = kernels.swiglu(gate, up)
+        h = h + (_proj(m.down_proj, act) if wi is None else _proj(m.down_proj, act, wi.down, wi.down_bias))
     return _rms(h, body.norm)

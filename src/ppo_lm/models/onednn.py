@@ -48,12 +48,38 @@ class _OneDNNLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
+def _reorder_op():
+    """``torch.ops.mkldnn._reorder_linear_weight`` (a weight into oneDNN's blocked layout) when available."""
+    if _ONEDNN is None:
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight
+    except (AttributeError, RuntimeError):
+        return None
+
+
+_REORDER = _reorder_op()
+
+
+def pack(w: Tensor, rows: int) -> Tensor:
+    """``w`` (out, in) reordered once into oneDNN's blocked layout for inputs of about ``rows`` rows,
+    for many no-grad calls of :func:`linear` while the weight stays as it is (decoding): an unpacked
+    weight is reordered inside every call, which at a few rows costs more than the product (see
+    docs/benchmarks.md). Returns ``w`` itself where :func:`linear` would not use oneDNN (GPU, other
+    dtypes, ``PPO_LM_ONEDNN=0``)."""
+    if _REORDER is None or w.device.type != "cpu" or w.dtype != torch.float32:
+        return w
+    return _REORDER(w.detach().contiguous(), max(int(rows), 1))
+
+
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     """``F.linear`` (x (…, in), w (out, in), b (out,) → (…, out)). For fp32 on CPU it runs through
     oneDNN, which on some x86 CPUs (AVX-512 AMD EPYC, for one) runs these mid-sized shapes faster
     than the MKL sgemm behind ``F.linear`` (docs/benchmarks.md has measurements); same fp32
     arithmetic, different summation blocking.
-    ``PPO_LM_ONEDNN=0`` turns this off."""
+    ``PPO_LM_ONEDNN=0`` turns this off. A weight from :func:`pack` (no grad) always runs through oneDNN."""
+    if w.is_mkldnn:
+        return _ONEDNN(x, w, b, "none", [], "")
     if (_ONEDNN is None or x.device.type != "cpu" or x.dtype != torch.float32 or w.dtype != torch.float32
             or x.numel() < _ONEDNN_MIN_ROWS * x.shape[-1]):
         return F.linear(x, w, b)

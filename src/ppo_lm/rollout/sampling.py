@@ -119,7 +119,8 @@ class _LeanDecoder:
         dtype, device = self.head.weight.dtype, prompt_ids.device
         self.cache = lean.KVBuffers(self.body, B, P + max_new_tokens, dtype, device)
         self.cos_sin = lean.rope_table(self.body, P + max_new_tokens, dtype, device)
-        self.weights = lean.fused_weights(self.body)
+        self.weights = lean.fused_weights(self.body, B)
+        self.head_w = lean.packed_head(self.head, B)
         self.key_valid = None
         if not bool(prompt_mask.all()):
             self.key_valid = torch.ones(B, P + max_new_tokens, dtype=torch.bool, device=device)
@@ -132,7 +133,7 @@ class _LeanDecoder:
         h = lean.forward_hidden(self.body, ids, mask, keep_from=keep_from, position_ids=positions,
                                 cos_sin=self.cos_sin, cache=self.cache, cache_pos=cache_pos, key_valid=kv,
                                 weights=self.weights)
-        return lean.head(self.head, h[:, -1])
+        return lean.head(self.head, h[:, -1], self.head_w)
 
     def prefill(self) -> Tensor:
         m = self.prompt_mask
