@@ -152,6 +152,41 @@ def test_lean_decoder_logits_match_full_forward(arch, kv_heads):
         assert float((got - ref[:, P - 1 : -1]).abs().max()) < 1e-5, cls.__name__
 
 
+@pytest.mark.parametrize("window", [None, 3])
+def test_decode_plan_step_equals_the_general_lean_forward(window):
+    """DecodePlan.hidden (the decode step) computes what lean.forward_hidden computes for one query per
+    row with the same buffers and weights, bit for bit: left-padded prompts (key_valid), GQA, biases,
+    a sliding window shorter than the rows."""
+    from ppo_lm.models import lean
+    from ppo_lm.models.decode import DecodePlan
+    from ppo_lm.models.hf_compat import trunk
+
+    lm = _model("qwen2", 2)
+    if window:
+        lm.config.use_sliding_window, lm.config.sliding_window, lm.config.max_window_layers = True, window, 1
+        lm.config.layer_types = ["full_attention", "sliding_attention"]
+    ids, mask = _batch()
+    body = trunk(lm)
+    plan = DecodePlan(body, 4)
+    key_valid = torch.ones(4, P + T, dtype=torch.bool)
+    key_valid[:, :P] = mask[:, :P].bool()
+    cos_sin = lean.rope_table(body, P + T, torch.float32, "cpu")
+    caches = [lean.KVBuffers(body, 4, P + T, torch.float32, "cpu") for _ in range(2)]
+    pos = position_ids_from_mask(mask[:, :P])
+    with torch.no_grad():
+        for cache in caches:
+            lean.forward_hidden(body, ids[:, :P], mask[:, :P], position_ids=pos, cos_sin=cos_sin, cache=cache,
+                                key_valid=key_valid[:, :P], weights=plan.weights)
+        nxt = mask[:, :P].sum(-1, keepdim=True)
+        for t in range(T):
+            tok, at = ids[:, P + t : P + t + 1], P + t
+            general = lean.forward_hidden(body, tok, torch.ones_like(tok), position_ids=nxt + t, cos_sin=cos_sin,
+                                          cache=caches[0], cache_pos=at, key_valid=key_valid[:, : at + 1],
+                                          weights=plan.weights)
+            step = plan.hidden(tok, nxt + t, cos_sin, caches[1], at, key_valid[:, : at + 1])
+            assert torch.equal(step, general), t
+
+
 @pytest.mark.parametrize("stops", [(), (5, 6, 7, 8, 9, 10)])
 def test_lean_generate_samples_like_transformers_path(stops):
     """Same seed, same tokens: dropping finished rows and the buffers change nothing."""
@@ -209,7 +244,7 @@ def test_packed_weights_match_f_linear_at_any_row_count():
     lm = _model("qwen2", 2)
     ids, mask = _batch()
     dec = _LeanDecoder(lm, ids[:, :P], mask[:, :P], T)
-    assert all(x.is_mkldnn for layer in dec.weights for x in (layer.qkv, layer.gate_up, layer.o, layer.down))
+    assert all(x.is_mkldnn for layer in dec.plan.weights for x in (layer.qkv, layer.gate_up, layer.o, layer.down))
     assert dec.head_w is not None and dec.head_w.is_mkldnn
 
 

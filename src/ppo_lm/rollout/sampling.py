@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import lean, lean_support
+from ..models.decode import DecodePlan
 from ..models.hf_compat import cache_kwarg, new_cache, trunk
 from ..models.logprobs import gather_logprobs, position_ids_from_mask
 
@@ -119,7 +120,7 @@ class _LeanDecoder:
         dtype, device = self.head.weight.dtype, prompt_ids.device
         self.cache = lean.KVBuffers(self.body, B, P + max_new_tokens, dtype, device)
         self.cos_sin = lean.rope_table(self.body, P + max_new_tokens, dtype, device)
-        self.weights = lean.fused_weights(self.body, B)
+        self.plan = DecodePlan(self.body, B)
         self.head_w = lean.packed_head(self.head, B)
         self.key_valid = None
         if not bool(prompt_mask.all()):
@@ -132,7 +133,7 @@ class _LeanDecoder:
         kv = None if self.key_valid is None else self.key_valid[:, :L]
         h = lean.forward_hidden(self.body, ids, mask, keep_from=keep_from, position_ids=positions,
                                 cos_sin=self.cos_sin, cache=self.cache, cache_pos=cache_pos, key_valid=kv,
-                                weights=self.weights)
+                                weights=self.plan.weights)
         return lean.head(self.head, h[:, -1], self.head_w)
 
     def prefill(self) -> Tensor:
@@ -145,8 +146,10 @@ class _LeanDecoder:
             self.key_valid = self.key_valid[keep]
 
     def step(self, tokens: Tensor, positions: Tensor, t: int) -> Tensor:
-        ids = tokens.unsqueeze(-1)
-        return self._run(ids, torch.ones_like(ids), positions.unsqueeze(-1), self.P + t, 0)
+        cache_pos = self.P + t
+        kv = None if self.key_valid is None else self.key_valid[:, : cache_pos + 1]
+        h = self.plan.hidden(tokens.unsqueeze(-1), positions.unsqueeze(-1), self.cos_sin, self.cache, cache_pos, kv)
+        return lean.head(self.head, h[:, -1], self.head_w)
 
 
 DECODE_ROWS_STEP = 8
