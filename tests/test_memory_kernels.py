@@ -73,3 +73,32 @@ def test_release_free_memory_trims_every_arena(monkeypatch):
     calls = []
     monkeypatch.setattr(memory, "_TRIM", lambda pad: calls.append(pad) or 1)
     assert release_free_memory() is True and calls == [0]
+
+
+def test_release_pays_by_model_size(monkeypatch):
+    """Freed memory goes back before each update only for models above RELEASE_MIN_BYTES of parameters
+    (trained or frozen, shared ones once): small models would re-fault the pages every update."""
+    small = torch.nn.Linear(64, 64)
+    frozen = torch.nn.Linear(64, 64).requires_grad_(False)
+    size = sum(p.numel() * p.element_size() for p in small.parameters())
+    assert not memory.release_pays(small, None)
+    monkeypatch.setattr(memory, "RELEASE_MIN_BYTES", size)
+    assert not memory.release_pays(small, small)  # a shared module counts once
+    assert memory.release_pays(small, frozen)  # frozen parameters count too (a LoRA policy's base)
+
+
+def test_the_update_trims_only_when_it_pays(tmp_path, monkeypatch):
+    """A tiny built-in run does not call malloc_trim before its updates; with the threshold at 0 it does."""
+    from trainer_helpers import tiny_config
+
+    from ppo_lm.trainer.ppo import PPOTrainer
+
+    calls = []
+    monkeypatch.setattr(memory, "_TRIM", lambda pad: calls.append(pad) or 1)
+    for threshold, expected in ((memory.RELEASE_MIN_BYTES, 0), (0, 1)):
+        monkeypatch.setattr(memory, "RELEASE_MIN_BYTES", threshold)
+        calls.clear()
+        trainer = PPOTrainer(tiny_config(tmp_path / f"t{threshold}", iterations=1))
+        assert trainer.learner.release_memory is bool(expected)
+        trainer.train_iteration(1)
+        assert len(calls) == expected

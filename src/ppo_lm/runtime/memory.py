@@ -16,6 +16,20 @@ def _malloc_trim():
 
 _TRIM = _malloc_trim() if sys.platform.startswith("linux") else None
 
+RELEASE_MIN_BYTES = 256 * 2**20
+"""Parameters (trained and frozen) of the policy and the critic above which the trainer gives freed
+memory back before each update. Below it the models' whole working set is small, the update re-faults
+the pages a trim gave back, and that cost W1 ≈ 7 % of its iteration for 1–2 % of peak RSS
+(docs/benchmarks.md)."""
+
+
+def release_pays(*models) -> bool:
+    """Whether :func:`release_free_memory` before each update is worth its time: when the models'
+    parameters (each once, trained or frozen: a LoRA policy counts its base) exceed
+    :data:`RELEASE_MIN_BYTES`."""
+    params = {id(p): p for m in models if m is not None for p in m.parameters()}
+    return sum(p.numel() * p.element_size() for p in params.values()) > RELEASE_MIN_BYTES
+
 
 def release_free_memory() -> bool:
     """Give the free memory glibc's arenas hold back to the OS (``malloc_trim(0)``: every arena, the

@@ -19,6 +19,7 @@ from ..models.hf_compat import hidden_size, is_checkpointed
 from ..runtime import distributed as dist
 from ..runtime import optim
 from ..runtime.lanes import Lanes, lanes_for
+from ..runtime.memory import release_pays
 from .config import TrainConfig
 
 T = TypeVar("T")
@@ -41,6 +42,7 @@ class Learner:
     actor_sched: object
     critic_sched: object | None
     lanes: Lanes
+    release_memory: bool = False  # give freed memory back before each update (runtime.memory.release_pays)
 
     @property
     def policy_grad_params(self) -> list[nn.Parameter]:
@@ -91,4 +93,5 @@ def build_learner(cfg: TrainConfig, policy: PolicyModel, critic: CriticModel | N
         optim.lr_schedule(critic_opt, o.schedule, o.warmup_steps, total) if critic_opt else None,
         lanes_for(cfg.model.cpu_lanes, device, dist.is_initialized(), policy, critic, hidden=hidden_size(policy.lm),
                   checkpointed=is_checkpointed(policy, critic)),
+        release_memory=device.type == "cpu" and release_pays(policy, critic),
     )

@@ -182,7 +182,7 @@ def ppo_update(
     lr_actor = learner.actor_opt.param_groups[0]["lr"]
     lr_critic = learner.critic_opt.param_groups[0]["lr"] if learner.critic_opt is not None else None
 
-    if batch.input_ids.device.type == "cpu":
+    if learner.release_memory:
         release_free_memory()  # sampling's and scoring's freed temporaries: not resident during the update
     # the policy's and the critic's passes over the rollout (optim.critic_epochs); past the shorter
     # count, the epochs train one model alone and skip the other's forward
