@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from . import kernels, lean_support, lora
-from .lean import DecodeWeights, KVBuffers, _attend, _heads, _proj, _rms, _rotate, _separate, fused_weights
+from .lean import DecodeWeights, KVBuffers, _attend, _heads, _proj, _rms, _separate, fused_weights, split_qkv
 from .onednn import linear
 
 
@@ -77,13 +77,7 @@ class DecodePlan:
         N = h.shape[0]
         y = _rms(h, layer.input_layernorm)
         qkv = lora.plus(linear(y, w.qkv, w.qkv_bias), lora.fused_delta(x.qkv_adapters, y)).view(N, 1, n_q + 2 * n_kv, hd)
-        q_norm = a._modules.get("q_norm")
-        if q_norm is None:
-            qk, v = qkv.split([n_q + n_kv, n_kv], dim=2)
-            q, k = _rotate(qk, cos, sin).split([n_q, n_kv], dim=2)
-        else:
-            q, k, v = qkv.split([n_q, n_kv, n_kv], dim=2)
-            q, k = _rotate(_rms(q, q_norm), cos, sin), _rotate(_rms(k, a.k_norm), cos, sin)
+        q, k, v = split_qkv(a, qkv, n_q, n_kv, cos, sin)
         total = cache_pos + 1
         cache.k[i][:, :, cache_pos:total] = k.transpose(1, 2)
         cache.v[i][:, :, cache_pos:total] = v.transpose(1, 2)

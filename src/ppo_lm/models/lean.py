@@ -193,6 +193,18 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, plain_causal: 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
+def split_qkv(a: nn.Module, qkv: Tensor, n_q: int, n_kv: int, cos: Tensor, sin: Tensor):
+    """q, k, v (B, L, heads, hd) from the fused projection ``qkv`` (B, L, n_q + 2·n_kv, hd) of attention
+    module ``a``: RoPE on q and k in one pass, after Qwen3's per-head q/k RMSNorm where ``a`` has it."""
+    q_norm = a._modules.get("q_norm")
+    if q_norm is None:
+        qk, v = qkv.split([n_q + n_kv, n_kv], dim=2)
+        q, k = _rotate(qk, cos, sin).split([n_q, n_kv], dim=2)
+        return q, k, v
+    q, k, v = qkv.split([n_q, n_kv, n_kv], dim=2)
+    return _rotate(_rms(q, q_norm), cos, sin), _rotate(_rms(k, a.k_norm), cos, sin), v
+
+
 def _queries(t: Tensor, cut: int, pick: Tensor | None) -> Tensor:
     """The query positions of a layer along dim 1 of ``t`` (B, L, …): from ``cut`` on, or ``pick`` (B, K)."""
     if pick is None:
@@ -298,13 +310,7 @@ def forward_hidden(
         else:
             w, b = (weights[i].qkv, weights[i].qkv_bias) if weights is not None else _qkv(a)
             qkv = lora.plus(linear(x, w, b), lora.fused_delta(_separate(a, "q_proj", "k_proj", "v_proj"), x))
-            qkv = qkv.view(B, L, n_q + 2 * n_kv, hd)
-            if q_norm is None:
-                qk, v = qkv.split([n_q + n_kv, n_kv], dim=2)
-                q, k = _rotate(qk, cos, sin).split([n_q, n_kv], dim=2)
-            else:
-                q, k, v = qkv.split([n_q, n_kv, n_kv], dim=2)
-                q, k = _rotate(_rms(q, q_norm), cos, sin), _rotate(_rms(k, a.k_norm), cos, sin)
+            q, k, v = split_qkv(a, qkv.view(B, L, n_q + 2 * n_kv, hd), n_q, n_kv, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             cache.k[i][:, :, cache_pos:total] = k

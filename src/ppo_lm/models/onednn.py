@@ -12,17 +12,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def _onednn_linear_op():
-    """``torch.ops.mkldnn._linear_pointwise`` (oneDNN fp32 matmul) when this torch build has it."""
+def _mkldnn_op(name: str):
+    """``torch.ops.mkldnn.<name>`` when this torch build has it and oneDNN is on, else None:
+    ``_linear_pointwise`` is the fp32 matmul, ``_reorder_linear_weight`` a weight into oneDNN's
+    blocked layout."""
     if os.environ.get("PPO_LM_ONEDNN", "1") == "0" or not torch.backends.mkldnn.is_available():
         return None
     try:
-        return torch.ops.mkldnn._linear_pointwise
+        return getattr(torch.ops.mkldnn, name)
     except (AttributeError, RuntimeError):
         return None
 
 
-_ONEDNN = _onednn_linear_op()
+_ONEDNN = _mkldnn_op("_linear_pointwise")
 # oneDNN keeps a primitive per distinct shape: callers keep the number of shapes small (trimmed
 # widths in steps of 16, decode batches in steps of 8 rows). Below 32 rows MKL is as fast or faster.
 _ONEDNN_MIN_ROWS = 32
@@ -48,17 +50,7 @@ class _OneDNNLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
-def _reorder_op():
-    """``torch.ops.mkldnn._reorder_linear_weight`` (a weight into oneDNN's blocked layout) when available."""
-    if _ONEDNN is None:
-        return None
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight
-    except (AttributeError, RuntimeError):
-        return None
-
-
-_REORDER = _reorder_op()
+_REORDER = _mkldnn_op("_reorder_linear_weight") if _ONEDNN is not None else None
 
 
 def pack(w: Tensor, rows: int) -> Tensor:
