@@ -111,8 +111,9 @@ class _HFDecoder:
 
 
 class _LeanDecoder:
-    """Decoding through :mod:`ppo_lm.models.lean`: preallocated key/value buffers, a RoPE
-    table and fused weights built once per call, no mask at all unless a prompt is left-padded."""
+    """Decoding through :mod:`ppo_lm.models.lean` (the prefill) and :mod:`ppo_lm.models.decode` (each
+    step): preallocated key/value buffers, a RoPE table, and the weights fused and packed for oneDNN
+    once per call (:class:`~ppo_lm.models.decode.DecodePlan`); no mask unless a prompt is left-padded."""
 
     def __init__(self, lm: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int):
         B, P = prompt_ids.shape
