@@ -142,7 +142,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
     if workload not in ("w1", "w2", "w3", "w4"):
         raise ValueError(f"unknown workload {workload!r}; choose w1, w2, w3 or w4")
     if (workload == "w3") != (policy is not None):
-        raise ValueError("W3 needs a policy (a .gguf file or a model directory); W1 and W2 build their own")
+        raise ValueError("W3 needs a policy (a .gguf file or a model directory); W1, W2 and W4 build their own")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" / "Loading weights" bars: noise here
@@ -265,12 +265,12 @@ def bench_command(argv: list[str]) -> dict:
     if args.micro_batch_size is not None and args.micro_batch_size < 0:
         raise UsageError(f"--micro-batch-size must be >= 0, got {args.micro_batch_size}")
     if args.response_length is not None:
-        tokens = (TINY if args.tiny else W1_SHAPE).batch * (TINY if args.tiny else W1_SHAPE).response_len
         if args.workload != "w4":
             raise UsageError(f"--response-length is for --workload w4; {args.workload} has its own")
-        if args.response_length < 1 or tokens % args.response_length:
-            raise UsageError(f"--response-length must divide {tokens} (W1's sampled tokens per iteration), "
-                             f"got {args.response_length}")
+        try:
+            w4_shape(args.response_length, args.tiny)
+        except ValueError as e:
+            raise UsageError(f"--response-length {e}") from None
     if args.workload == "w3" and args.policy is None:
         raise UsageError("--workload w3 needs --policy PATH (a .gguf file, e.g. SmolLM2-135M-Instruct's, or a "
                          "save_pretrained model directory)")

@@ -75,7 +75,7 @@ def w4_shape(response_len: int | None = None, tiny: bool = False) -> Shape:
     tokens = base.batch * base.response_len
     response_len = response_len or tokens // 4
     if response_len < 1 or tokens % response_len:
-        raise ValueError(f"the W4 response length must divide {tokens}, got {response_len}")
+        raise ValueError(f"must divide {tokens} (W1's sampled tokens per iteration), got {response_len}")
     return dataclasses.replace(base, batch=tokens // response_len, response_len=response_len)
 
 
