@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--iterations", type=int, default=2, help="iterations after the first (warm-up) one")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cpu-lanes", type=int, default=None)
+    ap.add_argument("--lora-r", type=int, default=0, help="model.lora_r, as ppo-lm bench's --lora-r")
+    ap.add_argument("--micro-batch-size", type=int, default=None, help="optim.micro_batch_size")
     ap.add_argument("--profile", action="store_true", help="also one torch.profiler iteration (slow)")
     ap.add_argument("--no-release", action="store_true", help="without ppo_lm.runtime.memory.release_free_memory (A/B)")
     args = ap.parse_args(argv)
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
         ppo_lm.runtime.memory._TRIM = None
     sampler = Sampler()
     sampler.start()
-    report: dict = {"workload": args.workload, "release_free_memory": not args.no_release, "rss_mb": {"after imports": round(rss_mb())}}
+    report: dict = {"workload": args.workload, "lora_r": args.lora_r, "release_free_memory": not args.no_release, "rss_mb": {"after imports": round(rss_mb())}}
     with tempfile.TemporaryDirectory(prefix="ppo-lm-mem-") as tmp:
         root = Path(tmp)
         n = 1 + args.iterations + args.profile
@@ -170,7 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
             shape = workloads.W1_SHAPE
             paths, rows = workloads.save_models(root, shape), workloads.random_prompts(n * shape.batch, shape)
         cfg = workloads.make_config(args.workload, shape, paths, str(root / "run"), n, args.threads,
-                                    cpu_lanes=args.cpu_lanes)
+                                    cpu_lanes=args.cpu_lanes, lora_r=args.lora_r,
+                                    micro_batch_size=args.micro_batch_size)
         report["rss_mb"]["before build"] = round(rss_mb())
         sampler.label = "build"
         trainer = PPOTrainer(cfg, prompt_rows=rows)

@@ -89,9 +89,10 @@ def test_w1_config_is_the_spec_workload(tmp_path):
 
 
 def test_micro_batch_size_flag_reaches_the_config(tmp_path, capsys, monkeypatch):
-    """--micro-batch-size N sets optim.micro_batch_size of the trained config; without it the workload's 0."""
+    """--micro-batch-size N sets optim.micro_batch_size of the trained config; without it the library's
+    default (auto, resolved by the trainer)."""
     shape, paths = bench_workloads.W1_SHAPE, ("p", "r", "t")
-    assert bench_workloads.make_config("w1", shape, paths, str(tmp_path), 2, 2).optim.micro_batch_size == 0
+    assert bench_workloads.make_config("w1", shape, paths, str(tmp_path), 2, 2).optim.micro_batch_size == "auto"
     assert bench_workloads.make_config("w1", shape, paths, str(tmp_path), 2, 2,
                                        micro_batch_size=8).optim.micro_batch_size == 8
     assert main(["bench", "--tiny", "--micro-batch-size", "-1"]) == 2
@@ -110,7 +111,7 @@ def test_micro_batch_size_flag_reaches_the_config(tmp_path, capsys, monkeypatch)
         bench.bench_command(["--tiny", "--micro-batch-size", "2", "--threads", "0"])
     with pytest.raises(Built):
         bench.bench_command(["--tiny", "--threads", "0"])
-    assert [c.optim.micro_batch_size for c in configs] == [2, 0]
+    assert [c.optim.micro_batch_size for c in configs] == [2, "auto"]
 
 
 def test_prompts_are_exactly_the_prompt_length():
@@ -162,7 +163,7 @@ def test_w3_config_is_the_peers_workload(tmp_path):
     assert (r.num_prompts, r.samples_per_prompt, r.max_new_tokens, r.min_new_tokens, r.temperature) == (
         16, 1, 32, 32, 1.0)
     assert (r.top_k, r.top_p, r.stop_tokens) == (0, 1.0, [])
-    assert (o.epochs, o.num_minibatches, o.micro_batch_size, o.actor_lr, o.critic_lr) == (4, 2, 0, 1e-6, 1e-6)
+    assert (o.epochs, o.num_minibatches, o.micro_batch_size, o.actor_lr, o.critic_lr) == (4, 2, "auto", 1e-6, 1e-6)
     assert (a.estimator, a.kl_in, a.kl_estimator, a.kl_coef, a.clip_eps, a.value_clip_eps, a.vf_coef, a.gamma,
             a.gae_lambda) == ("gae", "reward", "k1", 0.05, 0.2, 0.2, 0.1, 1.0, 0.95)
     assert d.chat_template == "auto" and not d.shuffle

@@ -9,6 +9,7 @@ import yaml
 from trainer_helpers import tiny_config
 
 from ppo_lm.trainer.config import TrainConfig
+from ppo_lm.trainer import sizing
 from ppo_lm.trainer.sizing import LARGE, LARGE_MODEL_PARAMETERS, SMALL, resolve_auto
 
 
@@ -50,11 +51,13 @@ def test_the_builtin_model_trains_with_the_small_rates_and_the_banner_says_so(tm
     trainer = PPOTrainer(cfg)
     assert _optimiser_rates(trainer) == (3e-4, 1e-3) and trainer.sampling.max_new_tokens == 8
     out = capsys.readouterr().out
-    assert "auto      optim.actor_lr 3e-4 · optim.critic_lr 1e-3 · rollout.max_new_tokens 8 (policy of" in out
+    assert ("auto      optim.actor_lr 3e-4 · optim.critic_lr 1e-3 · rollout.max_new_tokens 8 · "
+            "optim.micro_batch_size 0 (policy of") in out
     assert "< 10 M: small model" in out
     trainer.train()
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["optim"]["actor_lr"] == saved["optim"]["critic_lr"] == saved["rollout"]["max_new_tokens"] == "auto"
+    assert saved["optim"]["micro_batch_size"] == "auto"
 
 
 def test_a_model_past_the_bound_trains_with_the_large_rates(tmp_path, capsys):
@@ -86,3 +89,80 @@ def test_bad_rates_are_one_line_naming_the_field(tmp_path, value, message):
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         validate_config(from_dict(TrainConfig, {"optim": {"actor_lr": value}}))
+
+
+MIB = 2**20
+
+
+def _micro(cfg: TrainConfig, parameters: int, *, rows: int, per_row_mib: float, state_mib: float) -> sizing.Resolved:
+    return sizing.resolve_micro_batch(resolve_auto(cfg, parameters), minibatch_rows=rows, tokens_per_row=1,
+                                      bytes_per_token=int(per_row_mib * MIB), state=int(state_mib * MIB))
+
+
+def test_auto_micro_batches_keep_a_lora_runs_activations_within_a_third_of_its_state():
+    """Against the rule written out: with LoRA on a large model, the largest divisor d of the minibatch
+    with d × per-row activations ≤ state / 3; the whole minibatch (0) when it fits, for full
+    fine-tuning, for any small model, and a given value as it is."""
+    cfg = TrainConfig()
+    cfg.model.lora_r = 16
+    for rows in (1, 6, 8, 12, 16, 30):
+        for per_row in (10.0, 85.8, 300.0, 5000.0):
+            for state in (1174.0, 5130.0):
+                got = _micro(cfg, 10**8, rows=rows, per_row_mib=per_row, state_mib=state)
+                fits = [d for d in range(1, rows + 1) if rows % d == 0 and d * per_row <= state / 3]
+                want = 0 if rows * per_row <= state / 3 else max(fits, default=1)
+                assert got.cfg.optim.micro_batch_size == want, (rows, per_row, state)
+                assert got.values["optim.micro_batch_size"] == want
+                if want:
+                    assert rows % want == 0
+    # W3's shapes: LoRA (two bodies' weights and small adapters) splits 8 rows into 4s
+    assert _micro(cfg, 134_515_008, rows=8, per_row_mib=85.8, state_mib=1174).cfg.optim.micro_batch_size == 4
+    assert _micro(cfg, 140_000, rows=8, per_row_mib=5000, state_mib=1).cfg.optim.micro_batch_size == 0
+    cfg.model.lora_r = 0  # full fine-tuning: whole minibatches whatever the estimate
+    assert _micro(cfg, 134_515_008, rows=8, per_row_mib=5000, state_mib=1).values["optim.micro_batch_size"] == 0
+    cfg.model.lora_r = 16
+    cfg.optim.micro_batch_size = 2
+    given = _micro(cfg, 10**8, rows=8, per_row_mib=5000, state_mib=1)
+    assert given.cfg.optim.micro_batch_size == 2 and "optim.micro_batch_size" not in given.values
+
+
+def test_the_activation_estimate_is_nine_hidden_and_three_intermediate_vectors_per_token_and_layer():
+    from types import SimpleNamespace
+
+    llama = SimpleNamespace(hidden_size=576, num_hidden_layers=30, intermediate_size=1536)
+    assert sizing.activation_bytes_per_token(llama) == 30 * (9 * 576 + 3 * 1536) * 4
+    gpt2 = SimpleNamespace(n_embd=64, n_layer=2, n_inner=None)
+    assert sizing.activation_bytes_per_token(gpt2, 2) == 2 * (9 * 64 + 3 * 256) * 2
+
+
+def test_the_state_counts_each_storage_once_and_three_more_copies_of_what_trains():
+    import torch
+
+    body = torch.nn.Linear(10, 10, bias=False)
+    body.weight.requires_grad_(False)
+    head = torch.nn.Linear(10, 1, bias=False)
+    shared = torch.nn.Module()
+    shared.body, shared.head = body, head  # a second model on the same body
+    assert sizing.state_bytes([body, shared], [head.weight]) == 100 * 4 + 10 * 4 + 10 * (4 + 8)
+
+
+def test_a_lora_run_of_a_model_past_the_bound_micro_batches_and_says_so(tmp_path, capsys):
+    """The trainer resolves auto from its own models: a 16.9 M-parameter policy with LoRA adapters and
+    32-row minibatches splits them; with full fine-tuning (three times as much state per trained
+    parameter) the same rows stay whole."""
+    from ppo_lm.tasks.equations import build_tiny_policy, build_tokenizer
+    from ppo_lm.trainer.ppo import PPOTrainer
+
+    tok = build_tokenizer()
+    runs = {}
+    for lora in (0, 4):
+        lm = build_tiny_policy(tok, seed=0, hidden_size=512, num_layers=4, max_position_embeddings=64)
+        cfg = tiny_config(tmp_path / f"run{lora}", rollout__max_new_tokens=8, rollout__num_prompts=32,
+                          optim__num_minibatches=1, optim__epochs=1, model__lora_r=lora)
+        cfg.optim.micro_batch_size = "auto"
+        trainer = PPOTrainer(cfg, policy=lm, tokenizer=tok)
+        runs[lora] = trainer.cfg.optim.micro_batch_size
+        out = capsys.readouterr().out
+        assert f"optim.micro_batch_size {runs[lora]} " in out
+        assert ("a third of the models and their state (LoRA)" in out) == bool(lora)
+    assert runs[0] == 0 and 0 < runs[4] < 32 and 32 % runs[4] == 0, runs

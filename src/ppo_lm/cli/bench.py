@@ -203,7 +203,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         "build_s": round(build_s, 3),
         "compile_kernels": kernels.compiled(), "logp_from_sampler": logp_from_sampler,
         "cpu_lanes": trainer.learner.lanes.lanes,
-        "lora_r": lora_r, "micro_batch_size": cfg.optim.micro_batch_size,
+        "lora_r": lora_r, "micro_batch_size": trainer.cfg.optim.micro_batch_size,
         "peak_rss_mb": round(rss_mb), **load,
         **({"policy": str(policy)} if policy is not None else {}),
         "device": device, "torch": torch.__version__,
@@ -250,7 +250,7 @@ def bench_command(argv: list[str]) -> dict:
                     help="model.lora_r: train LoRA adapters of this rank on every linear layer (0: every weight)")
     ap.add_argument("--micro-batch-size", type=int, default=None, metavar="N",
                     help="optim.micro_batch_size: sequences per forward/backward within a minibatch (0: the "
-                         "whole minibatch, the workloads' default)")
+                         "whole minibatch; default: the library's auto, trainer/sizing.py)")
     ap.add_argument("--device", default="cpu", help="cpu (W1's definition) or cuda / cuda:N")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests only
     args = ap.parse_args(argv)

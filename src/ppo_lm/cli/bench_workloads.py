@@ -180,7 +180,7 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None],
                 cpu_lanes: int | None = None, lora_r: int = 0, micro_batch_size: int | None = None):
     """The workload as a TrainConfig (``paths`` = policy, reward model, tokenizer directories; W3's
     tokenizer is None: the policy's own; ``micro_batch_size``: ``optim.micro_batch_size``, None: the
-    workload's 0, the whole minibatch)."""
+    library's default, auto — the whole minibatch for W1/W2/W4's models, W3 with LoRA splits it)."""
     from ..trainer.config import TrainConfig
 
     cfg = TrainConfig(output_dir=output_dir, iterations=iterations, seed=0, threads=threads)
@@ -199,7 +199,7 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None],
         r.stop_tokens = [f"w{i}" for i in range(max(shape.vocab // 16 - 1, 1))]  # + EOS: ≈ 1/16 per step
     a.estimator, a.kl_coef, a.kl_estimator, a.kl_in = "gae", 0.05, "k1", "reward"
     a.clip_eps, a.value_clip_eps, a.vf_coef, a.gamma, a.gae_lambda = 0.2, 0.2, 0.1, 1.0, 0.95
-    o.epochs, o.num_minibatches, o.micro_batch_size = 4, 2, 0
+    o.epochs, o.num_minibatches = 4, 2
     if micro_batch_size is not None:
         o.micro_batch_size = micro_batch_size
     o.actor_lr = o.critic_lr = 1e-6 if workload == "w3" else 1e-5  # the peers' rates; they do not change the work

@@ -88,9 +88,9 @@ def render_prompts(rows: list[dict], column: str, chat_template: str, tokenizer)
 
 
 def check_prompt_lengths(rows: list[dict], prompt_column: str, tokenizer, *, max_prompt_tokens: int,
-                         add_special_tokens: bool = True) -> None:
+                         add_special_tokens: bool = True) -> int:
     """Every prompt fits ``max_prompt_tokens`` (the context less the response length), counted as the
-    rollout encodes it."""
+    rollout encodes it. Returns the longest prompt's length in tokens."""
     lengths = [len(ids) for ids in tokenizer([r[prompt_column] for r in rows],
                                              add_special_tokens=add_special_tokens)["input_ids"]]
     longest = max(range(len(rows)), key=lengths.__getitem__)
@@ -100,3 +100,4 @@ def check_prompt_lengths(rows: list[dict], prompt_column: str, tokenizer, *, max
             f"{max_prompt_tokens} for the prompt (max_position_embeddings − rollout.max_new_tokens); "
             f"shorten it or lower `rollout.max_new_tokens`: {rows[longest][prompt_column][:80]!r}"
         )
+    return lengths[longest]

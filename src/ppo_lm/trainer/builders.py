@@ -345,6 +345,7 @@ class PromptSet(NamedTuple):
     eval_rows: list[dict] | None  # held-out rows, likewise (None: no evaluation)
     chat: bool  # rendered by the chat template (which writes its own special tokens)
     stop_ids: tuple[int, ...]  # EOS, the generation config's end-of-turn ids, rollout.stop_tokens
+    longest_prompt: int | None = None  # tokens of the longest training prompt (None: an environment's)
 
 
 def build_prompts(cfg: TrainConfig, tokenizer, policy_lm: nn.Module, rows: list[dict],
@@ -368,14 +369,14 @@ def build_prompts(cfg: TrainConfig, tokenizer, policy_lm: nn.Module, rows: list[
     rows, chat = prompts.render_prompts(rows, d.prompt_column, d.chat_template, tokenizer)
     context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
     fits = dict(max_prompt_tokens=context - cfg.rollout.max_new_tokens, add_special_tokens=not chat)
-    prompts.check_prompt_lengths(rows, d.prompt_column, tokenizer, **fits)
+    longest = prompts.check_prompt_lengths(rows, d.prompt_column, tokenizer, **fits)
     if eval_rows is not None:
         eval_rows, eval_chat = prompts.render_prompts(eval_rows, d.prompt_column, d.chat_template, tokenizer)
         if eval_chat != chat:
             raise ConfigError("`data.eval_prompts` and `data.prompts` hold different kinds of prompts (plain text "
                               "and chat messages); use one kind")
         prompts.check_prompt_lengths(eval_rows, d.prompt_column, tokenizer, **fits)
-    return PromptSet(rows, eval_rows, chat, tuple(stop_ids))
+    return PromptSet(rows, eval_rows, chat, tuple(stop_ids), longest)
 
 
 def episode_setup(cfg: TrainConfig, tokenizer, policy_lm: nn.Module):

@@ -91,6 +91,7 @@ class PPOTrainer:
 
         terms, policy_lm = self._build_models(pre, policy, tokenizer, verifier)
         self._build_prompts(pre, prompt_rows, policy_lm)
+        self._size_micro_batches(policy_lm, terms)
         self._build_training_state(terms)
         console.say(console.banner(self))
 
@@ -142,6 +143,7 @@ class PPOTrainer:
         found = builders.build_prompts(cfg, self.tokenizer, policy_lm, rows, pre.eval_rows,
                                        given=prompt_rows is not None, env=self.env_cls is not None)
         self.prompt_rows, self.eval_rows, self.chat_prompts = found.rows, found.eval_rows, found.chat
+        self.longest_prompt = found.longest_prompt
         if self.env_cls is not None:
             self.episode_settings, self.renderer = builders.episode_setup(cfg, self.tokenizer, policy_lm)
         self.sampling = SamplingParams(
@@ -149,6 +151,25 @@ class PPOTrainer:
             top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=found.stop_ids,
             min_new_tokens=cfg.rollout.min_new_tokens,
         )
+
+    def _size_micro_batches(self, policy_lm: nn.Module, terms: list[RewardTerm]) -> None:
+        """An ``auto`` ``optim.micro_batch_size`` from the activations of the longest rows the update can
+        see (the longest prompt, or an episode's limit, plus the response limit) against the memory of
+        the models and their training state (trainer/sizing.py)."""
+        cfg = self.cfg
+        r, o = cfg.rollout, cfg.optim
+        rows = r.num_prompts // self.world * r.samples_per_prompt // o.num_minibatches
+        tokens = (self.episode_settings.max_episode_tokens if self.env_cls is not None
+                  else self.longest_prompt + r.max_new_tokens)
+        width = builders.DTYPES[cfg.model.dtype].itemsize
+        bodies = [policy_lm.config] + ([self.critic.model.config] if self.critic is not None else [])
+        per_token = max(sizing.activation_bytes_per_token(c, width) for c in bodies)
+        models = [self.policy, self.critic, self.ref, *(term.model for term in terms)]
+        trained = [p for m in (self.policy, self.critic) if m is not None for p in m.parameters() if p.requires_grad]
+        self.sized = sizing.resolve_micro_batch(
+            self.sized, minibatch_rows=rows,
+            tokens_per_row=tokens, bytes_per_token=per_token, state=sizing.state_bytes(models, trained))
+        self.cfg = self.sized.cfg
 
     def _build_training_state(self, terms: list[RewardTerm]) -> None:
         """Optimisers, schedules, KL controller, RNG streams: everything a checkpoint restores; the frozen

@@ -60,6 +60,8 @@ class Resolved:
     """The dotted names of the settings that were ``auto`` and the values they took."""
     reason: str
     """Why, in words: the policy's size and the class it falls in."""
+    parameters: int = 0
+    """The policy's parameter count the sizes were resolved for (before any adapters)."""
 
 
 def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) -> Resolved:
@@ -83,4 +85,65 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
     size = f"{parameters / 1e6:.2f} M" if parameters < 1e9 else f"{parameters / 1e9:.2f} B"
     bound = f"{LARGE_MODEL_PARAMETERS / 1e6:g} M"
     reason = f"policy of {size} parameters, {'≥' if p is LARGE else '<'} {bound}: {p.name} model"
-    return Resolved(dataclasses.replace(cfg, optim=optim, rollout=rollout), values, reason)
+    return Resolved(dataclasses.replace(cfg, optim=optim, rollout=rollout), values, reason, parameters)
+
+
+ACTIVATION_SHARE = 1 / 3
+"""With ``optim.micro_batch_size`` auto, a LoRA run of a large model keeps the estimated activations of
+one micro-batch within this share of the memory its models and their training state take
+(:func:`state_bytes`). LoRA's state is mostly the frozen weights, and there a whole minibatch's
+activations set the peak (W3: 0.48× TRL's RSS with whole 8-row minibatches, 0.38× with 4;
+docs/benchmarks.md "Defaults behind measurements"). Full fine-tuning's peak is its state (weights,
+gradients, AdamW's moments: W3's activations are 0.7 of its 6.3 GB), so it keeps whole minibatches."""
+
+SAVED_HIDDEN_PER_LAYER = 9
+SAVED_INTERMEDIATE_PER_LAYER = 3
+"""What the update's forward keeps for the backward per token and layer of a llama-style body, in
+hidden-wide and intermediate-wide vectors: the norms' inputs, the projections' inputs, attention's q,
+k, v (GQA-expanded) and output; the MLP's gate and up (kept by the SwiGLU kernel) and the down
+projection's input. Measured on SmolLM2 (H 576, I 1536) by walking autograd's saved tensors:
+≈ 9.7 k floats against 9 H + 3 I = 9.8 k."""
+
+
+def activation_bytes_per_token(model_config, dtype_bytes: int = 4) -> int:
+    """Estimated bytes one token's forward keeps for the backward, over all layers of a body with
+    ``model_config`` (a transformers config: llama/qwen2/gpt-2 names; the MLP width defaults to 4 H)."""
+    c = model_config
+    hidden = getattr(c, "hidden_size", None) or getattr(c, "n_embd", 0)
+    layers = getattr(c, "num_hidden_layers", None) or getattr(c, "n_layer", 0)
+    inner = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * hidden
+    return layers * (SAVED_HIDDEN_PER_LAYER * hidden + SAVED_INTERMEDIATE_PER_LAYER * inner) * dtype_bytes
+
+
+def state_bytes(models, trained) -> int:
+    """Bytes of the models' parameters (each storage once: a LoRA reference or critic that shares a
+    body counts it once) plus, per trained parameter, its gradient and AdamW's two fp32 moments."""
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+                for m in models if m is not None for p in m.parameters()}
+    return sum(storages.values()) + sum(p.numel() * (p.element_size() + 8) for p in trained)
+
+
+def resolve_micro_batch(resolved: Resolved, *, minibatch_rows: int, tokens_per_row: int,
+                        bytes_per_token: int, state: int) -> Resolved:
+    """``resolved`` with an ``auto`` ``optim.micro_batch_size`` resolved: 0 (the whole minibatch of
+    ``minibatch_rows`` rows) for full fine-tuning, a small policy, or where ``minibatch_rows`` rows of
+    ``tokens_per_row`` tokens keep their estimated activations (``bytes_per_token`` each, the larger of
+    the policy's and a separate critic's) within :data:`ACTIVATION_SHARE` of ``state`` bytes; else the
+    largest divisor of ``minibatch_rows`` that does (at least 1)."""
+    cfg = resolved.cfg
+    large = profile_for(resolved.parameters) is LARGE and bool(cfg.model.lora_r)
+    if cfg.optim.micro_batch_size != "auto":
+        return resolved
+    per_row = max(tokens_per_row * bytes_per_token, 1)
+    fit = int(ACTIVATION_SHARE * state // per_row)
+    rows = 0
+    if large and fit < minibatch_rows:
+        rows = max(d for d in range(1, max(fit, 1) + 1) if minibatch_rows % d == 0)
+    values, reason = dict(resolved.values), resolved.reason
+    values["optim.micro_batch_size"] = rows
+    if large:
+        mib = 2**20
+        reason += (f"; {minibatch_rows}-row minibatches ≈ {minibatch_rows * per_row / mib:.0f} MiB of activations "
+                   f"against {ACTIVATION_SHARE * state / mib:.0f} MiB, a third of the models and their state (LoRA)")
+    optim = dataclasses.replace(cfg.optim, micro_batch_size=rows)
+    return Resolved(dataclasses.replace(cfg, optim=optim), values, reason, resolved.parameters)

@@ -98,7 +98,7 @@ def _check_batch_division(cfg: TrainConfig, world_size: int) -> None:
             f"(rollout.num_prompts/world_size × samples_per_prompt = {local})"
         )
     mb = local // o.num_minibatches
-    if o.micro_batch_size and mb % o.micro_batch_size:
+    if o.micro_batch_size != "auto" and o.micro_batch_size and mb % o.micro_batch_size:
         raise ConfigError(
             f"`optim.micro_batch_size`={o.micro_batch_size} must divide the minibatch size per process "
             f"({mb}); use 0 for no gradient accumulation"
