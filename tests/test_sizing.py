@@ -166,3 +166,16 @@ def test_a_lora_run_of_a_model_past_the_bound_micro_batches_and_says_so(tmp_path
         assert f"optim.micro_batch_size {runs[lora]} " in out
         assert ("a third of the models and their state (LoRA)" in out) == bool(lora)
     assert runs[0] == 0 and 0 < runs[4] < 32 and 32 % runs[4] == 0, runs
+
+
+@pytest.mark.parametrize("value, message", [
+    ("fast", "`optim.micro_batch_size` must be an integer or 'auto', got 'fast'"),
+    (-1, "`optim.micro_batch_size` must be >= 0, got -1"),
+])
+def test_a_bad_micro_batch_size_is_one_line_naming_the_field(value, message):
+    from ppo_lm.runtime.errors import ConfigError
+    from ppo_lm.trainer.config_io import from_dict
+    from ppo_lm.trainer.validate import validate_config
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        validate_config(from_dict(TrainConfig, {"optim": {"micro_batch_size": value}}))

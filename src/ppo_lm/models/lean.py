@@ -176,6 +176,10 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([kernels.rotate(x[..., :rd], cos, sin), x[..., rd:]], dim=-1)
 
 
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+"""scaled_dot_product_attention takes ``enable_gqa`` (torch 2.5 on)."""
+
+
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, plain_causal: bool, scale: float) -> Tensor:
     """Softmax attention. q (B, Hq, Lq, hd); k, v (B, Hkv, Lk, hd); mask bool, broadcastable to
     (B, 1, Lq, Lk), True = visible (None: every key); ``plain_causal``: the mask is the ordinary causal
@@ -186,11 +190,16 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, plain_causal: 
         # One query per row: fold the query heads sharing a kv head into the query axis (no repeat).
         out = F.scaled_dot_product_attention(q.reshape(B, n_kv, n_q // n_kv, hd), k, v, attn_mask=mask, scale=scale)
         return out.reshape(B, n_q, 1, hd)
-    if n_q != n_kv:
+    gqa = {}
+    if n_q != n_kv and _SDPA_GQA:
+        # the kernel reads each kv head for its query heads: the backward keeps k and v as they are
+        # (not n_q / n_kv copies); same outputs, k's and v's gradients summed over the group in another order
+        gqa = {"enable_gqa": True}
+    elif n_q != n_kv:
         k, v = k.repeat_interleave(n_q // n_kv, 1), v.repeat_interleave(n_q // n_kv, 1)
     if plain_causal:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
 
 
 def split_qkv(a: nn.Module, qkv: Tensor, n_q: int, n_kv: int, cos: Tensor, sin: Tensor):

@@ -100,9 +100,10 @@ SAVED_HIDDEN_PER_LAYER = 9
 SAVED_INTERMEDIATE_PER_LAYER = 3
 """What the update's forward keeps for the backward per token and layer of a llama-style body, in
 hidden-wide and intermediate-wide vectors: the norms' inputs, the projections' inputs, attention's q,
-k, v (GQA-expanded) and output; the MLP's gate and up (kept by the SwiGLU kernel) and the down
-projection's input. Measured on SmolLM2 (H 576, I 1536) by walking autograd's saved tensors:
-≈ 9.7 k floats against 9 H + 3 I = 9.8 k."""
+k, v and output (k and v at full width: an upper bound where grouped-query attention keeps them
+narrower); the MLP's gate and up (kept by the SwiGLU kernel) and the down
+projection's input. Measured on SmolLM2 (H 576, I 1536) by walking autograd's saved tensors
+with k and v expanded: ≈ 9.7 k floats against 9 H + 3 I = 9.8 k."""
 
 
 def activation_bytes_per_token(model_config, dtype_bytes: int = 4) -> int:
