@@ -209,12 +209,15 @@ def test_min_new_tokens_gives_fixed_length():
     assert gen.mask.all() and not gen.terminated.any()
 
 
-def test_onednn_linear_matches_f_linear():
-    """onednn.linear (oneDNN on CPU fp32) against F.linear: values and all three gradients."""
+@pytest.mark.parametrize("width_in, width_out", [(40, 24), (160, 136)])  # weight gradient: BLAS / oneDNN
+def test_onednn_linear_matches_f_linear(width_in, width_out):
+    """onednn.linear (oneDNN on CPU fp32) against F.linear: values and all three gradients, for layers
+    below and above the width from which the weight gradient runs through oneDNN too."""
+    assert width_in < onednn._ONEDNN_MIN_GRAD_WIDTH or min(width_in, width_out) >= onednn._ONEDNN_MIN_GRAD_WIDTH
     g = torch.Generator().manual_seed(4)
-    x0 = torch.randn(3, 9, 40, generator=g)[:, 2:]  # a non-contiguous slice, as the last layer passes
-    w0, b0 = torch.randn(24, 40, generator=g), torch.randn(24, generator=g)
-    grad = torch.randn(3, 7, 24, generator=g)
+    x0 = torch.randn(3, 19, width_in, generator=g)[:, 2:]  # a non-contiguous slice, as the last layer passes
+    w0, b0 = torch.randn(width_out, width_in, generator=g), torch.randn(width_out, generator=g)
+    grad = torch.randn(3, 17, width_out, generator=g)
     results = []
     for fn in (onednn.linear, torch.nn.functional.linear):
         x, w, b = (t.clone().requires_grad_(True) for t in (x0, w0, b0))

@@ -30,9 +30,18 @@ _ONEDNN = _mkldnn_op("_linear_pointwise")
 _ONEDNN_MIN_ROWS = 32
 
 
+# The weight gradient gᵀ x through oneDNN where both widths lie in [MIN, MAX]: 1.35–2.3× MKL's sgemm
+# at the lean forward's shapes (256–1536 wide, 292–3072 tokens), but slower at the built-in model's 64
+# (docs/benchmarks.md), whose runs keep the default BLAS and with it their numbers. Above MAX (a
+# vocabulary-wide head) the transposed copy of the gradient oneDNN needs would add to peak memory.
+_ONEDNN_MIN_GRAD_WIDTH = 128
+_ONEDNN_MAX_GRAD_WIDTH = 16384
+
+
 class _OneDNNLinear(torch.autograd.Function):
-    """y = x Wᵀ + b with oneDNN for the forward and the input gradient; the weight gradient stays on
-    the default BLAS, which is the faster of the two for that (K = tokens) shape."""
+    """y = x Wᵀ + b with oneDNN for the forward, the input gradient, and the weight gradient of
+    layers :data:`_ONEDNN_MIN_GRAD_WIDTH` to :data:`_ONEDNN_MAX_GRAD_WIDTH` wide in and out (others:
+    the default BLAS)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
@@ -44,8 +53,11 @@ class _OneDNNLinear(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         x, w = ctx.saved_tensors
         gx = _ONEDNN(grad, w.t(), None, "none", [], "") if ctx.needs_input_grad[0] else None
-        g2 = grad.reshape(-1, grad.shape[-1])
-        gw = g2.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        g2, x2 = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+        gw = None
+        if ctx.needs_input_grad[1]:
+            wide = _ONEDNN_MIN_GRAD_WIDTH <= min(g2.shape[1], x2.shape[1]) <= max(g2.shape[1], x2.shape[1]) <= _ONEDNN_MAX_GRAD_WIDTH
+            gw = _ONEDNN(g2.t().contiguous(), x2.t(), None, "none", [], "") if wide else g2.t() @ x2
         gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return gx, gw, gb
 
