@@ -1,4 +1,4 @@
-"""The ``auto`` learning rates and response limit, resolved by the policy's size (trainer/sizing.py):
+"""The ``auto`` learning rates, response limit and micro-batches, resolved by the policy's size (trainer/sizing.py):
 the rules on their own, what a run of the built-in model and of a model past the bound resolves
 (optimisers, sampling, banner), and that config.yaml keeps ``auto``."""
 
@@ -8,8 +8,8 @@ import pytest
 import yaml
 from trainer_helpers import tiny_config
 
-from ppo_lm.trainer.config import TrainConfig
 from ppo_lm.trainer import sizing
+from ppo_lm.trainer.config import TrainConfig
 from ppo_lm.trainer.sizing import LARGE, LARGE_MODEL_PARAMETERS, SMALL, resolve_auto
 
 

@@ -8,8 +8,11 @@ resolves from the policy's parameter count once it is loaded: a model below
 :data:`LARGE_MODEL_PARAMETERS` takes :data:`SMALL` (the values the built-in task was tuned with), any
 larger one :data:`LARGE` (verl's actor and critic rates for pretrained models; ten times the actor rate
 with LoRA adapters, which start from zero). The run's banner prints what was resolved and why;
-config.yaml keeps ``"auto"``, so a file reused on another model resolves for that one. The rules and
-their measurements: README "Defaults that depend on the model".
+config.yaml keeps ``"auto"``, so a file reused on another model resolves for that one. An ``auto``
+``optim.micro_batch_size`` is resolved once the prompts are read (:func:`resolve_micro_batch`): whole
+minibatches, except LoRA on a large model, whose update runs micro-batches sized from an estimate of
+their activations against the memory of the models and their state. The rules and their
+measurements: README "Defaults that depend on the model".
 """
 
 from __future__ import annotations
