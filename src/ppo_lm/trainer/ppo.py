@@ -156,19 +156,14 @@ class PPOTrainer:
         """An ``auto`` ``optim.micro_batch_size`` from the activations of the longest rows the update can
         see (the longest prompt, or an episode's limit, plus the response limit) against the memory of
         the models and their training state (trainer/sizing.py)."""
-        cfg = self.cfg
-        r, o = cfg.rollout, cfg.optim
-        rows = r.num_prompts // self.world * r.samples_per_prompt // o.num_minibatches
-        tokens = (self.episode_settings.max_episode_tokens if self.env_cls is not None
-                  else self.longest_prompt + r.max_new_tokens)
-        width = builders.DTYPES[cfg.model.dtype].itemsize
-        bodies = [policy_lm.config] + ([self.critic.model.config] if self.critic is not None else [])
-        per_token = max(sizing.activation_bytes_per_token(c, width) for c in bodies)
-        models = [self.policy, self.critic, self.ref, *(term.model for term in terms)]
-        trained = [p for m in (self.policy, self.critic) if m is not None for p in m.parameters() if p.requires_grad]
-        self.sized = sizing.resolve_micro_batch(
-            self.sized, minibatch_rows=rows,
-            tokens_per_row=tokens, bytes_per_token=per_token, state=sizing.state_bytes(models, trained))
+        r, o = self.cfg.rollout, self.cfg.optim
+        self.sized = sizing.size_micro_batches(
+            self.sized, minibatch_rows=r.num_prompts // self.world * r.samples_per_prompt // o.num_minibatches,
+            tokens_per_row=(self.episode_settings.max_episode_tokens if self.env_cls is not None
+                            else self.longest_prompt + r.max_new_tokens),
+            bodies=[policy_lm] + ([self.critic.model] if self.critic is not None else []),
+            models=[self.policy, self.critic, self.ref, *(term.model for term in terms)],
+            dtype_bytes=builders.DTYPES[self.cfg.model.dtype].itemsize)
         self.cfg = self.sized.cfg
 
     def _build_training_state(self, terms: list[RewardTerm]) -> None:

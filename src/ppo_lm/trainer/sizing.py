@@ -151,3 +151,14 @@ def resolve_micro_batch(resolved: Resolved, *, minibatch_rows: int, tokens_per_r
                    f"against {ACTIVATION_SHARE * state / mib:.0f} MiB, a third of the models and their state (LoRA)")
     optim = dataclasses.replace(cfg.optim, micro_batch_size=rows)
     return Resolved(dataclasses.replace(cfg, optim=optim), values, reason, resolved.parameters)
+
+
+def size_micro_batches(resolved: Resolved, *, minibatch_rows: int, tokens_per_row: int, bodies, models,
+                       dtype_bytes: int) -> Resolved:
+    """:func:`resolve_micro_batch` for a run's own models: the activations of the widest of ``bodies``
+    (the policy's language model, a separate critic's), the state of ``models`` (all the run holds;
+    their parameters that require grad are the trained ones)."""
+    per_token = max(activation_bytes_per_token(b.config, dtype_bytes) for b in bodies)
+    trained = {id(p): p for m in models if m is not None for p in m.parameters() if p.requires_grad}
+    return resolve_micro_batch(resolved, minibatch_rows=minibatch_rows, tokens_per_row=tokens_per_row,
+                               bytes_per_token=per_token, state=state_bytes(models, list(trained.values())))
