@@ -179,3 +179,15 @@ def test_a_bad_micro_batch_size_is_one_line_naming_the_field(value, message):
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         validate_config(from_dict(TrainConfig, {"optim": {"micro_batch_size": value}}))
+
+
+@pytest.mark.parametrize("flag, saved", [("2", "micro_batch_size: 2"), ("auto", "micro_batch_size: auto")])
+def test_the_micro_batch_flag_takes_a_number_or_auto(tmp_path, flag, saved):
+    from ppo_lm.cli.main import main
+
+    p = tmp_path / "c.yaml"
+    p.write_text("iterations: 1\nmodel:\n  builtin_hidden_size: 32\nrollout:\n  num_prompts: 4\n  max_new_tokens: 3\n"
+                 "optim:\n  epochs: 1\nlog:\n  progress: false\n  tensorboard: false\n")
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(p), "--output-dir", str(out), "--optim.micro-batch-size", flag]) == 0
+    assert saved in (out / "config.yaml").read_text()
