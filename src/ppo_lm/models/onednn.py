@@ -56,7 +56,8 @@ class _OneDNNLinear(torch.autograd.Function):
         g2, x2 = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
         gw = None
         if ctx.needs_input_grad[1]:
-            wide = _ONEDNN_MIN_GRAD_WIDTH <= min(g2.shape[1], x2.shape[1]) <= max(g2.shape[1], x2.shape[1]) <= _ONEDNN_MAX_GRAD_WIDTH
+            narrow, wide = sorted((g2.shape[1], x2.shape[1]))
+            wide = narrow >= _ONEDNN_MIN_GRAD_WIDTH and wide <= _ONEDNN_MAX_GRAD_WIDTH
             gw = _ONEDNN(g2.t().contiguous(), x2.t(), None, "none", [], "") if wide else g2.t() @ x2
         gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return gx, gw, gb

@@ -259,10 +259,10 @@ class OptimConfig:
     (num_prompts / processes × samples_per_prompt)."""
     micro_batch_size: int | Literal["auto"] = setting("auto", ge=0, resume=True)
     """Sequences per forward/backward within a minibatch (gradient accumulation); 0 = whole minibatch.
-    auto (trainer/sizing.py): the whole minibatch below 10 M parameters; above, the largest divisor of
-    the minibatch whose estimated activations stay within a third of the memory the models and their
-    training state take (with LoRA adapters, whose training state is small, that bound sets the peak),
-    logged in the banner."""
+    auto (trainer/sizing.py): the whole minibatch, except with LoRA adapters on a policy of ≥ 10 M
+    parameters (whose small training state leaves the activations to set the peak): there the largest
+    divisor of the minibatch whose estimated activations stay within a third of the memory the models
+    and their training state take; logged in the banner."""
     actor_lr: float | Literal["auto"] = setting("auto", gt=0, finite=True)
     """AdamW learning rate of the policy's parameters (the schedule's peak). With a shared critic the
     trunk's value-loss gradient is also stepped at this rate. auto: by the policy's size

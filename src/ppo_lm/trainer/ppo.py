@@ -90,8 +90,8 @@ class PPOTrainer:
         self.env_cls = pre.env_cls  # multi-turn episodes (rollout.env), else None
 
         terms, policy_lm = self._build_models(pre, policy, tokenizer, verifier)
-        self._build_prompts(pre, prompt_rows, policy_lm)
-        self._size_micro_batches(policy_lm, terms)
+        longest_prompt = self._build_prompts(pre, prompt_rows, policy_lm)
+        self._size_micro_batches(policy_lm, terms, longest_prompt)
         self._build_training_state(terms)
         console.say(console.banner(self))
 
@@ -135,15 +135,15 @@ class PPOTrainer:
                 enable_checkpointing(self.critic.model)
         return terms, policy_lm
 
-    def _build_prompts(self, pre, prompt_rows, policy_lm: nn.Module) -> None:
+    def _build_prompts(self, pre, prompt_rows, policy_lm: nn.Module) -> int | None:
         """The training and held-out prompts (rendered, checked against the context) and the sampling
-        settings with every stop token; each rank takes its own shard of every iteration (prompts_for)."""
+        settings with every stop token; each rank takes its own shard of every iteration (prompts_for).
+        Returns the longest training prompt's tokens (None with an environment, which writes its own)."""
         cfg = self.cfg
         rows = list(prompt_rows) if prompt_rows is not None else pre.prompt_rows
         found = builders.build_prompts(cfg, self.tokenizer, policy_lm, rows, pre.eval_rows,
                                        given=prompt_rows is not None, env=self.env_cls is not None)
         self.prompt_rows, self.eval_rows, self.chat_prompts = found.rows, found.eval_rows, found.chat
-        self.longest_prompt = found.longest_prompt
         if self.env_cls is not None:
             self.episode_settings, self.renderer = builders.episode_setup(cfg, self.tokenizer, policy_lm)
         self.sampling = SamplingParams(
@@ -151,8 +151,9 @@ class PPOTrainer:
             top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=found.stop_ids,
             min_new_tokens=cfg.rollout.min_new_tokens,
         )
+        return found.longest_prompt
 
-    def _size_micro_batches(self, policy_lm: nn.Module, terms: list[RewardTerm]) -> None:
+    def _size_micro_batches(self, policy_lm: nn.Module, terms: list[RewardTerm], longest_prompt: int | None) -> None:
         """An ``auto`` ``optim.micro_batch_size`` from the activations of the longest rows the update can
         see (the longest prompt, or an episode's limit, plus the response limit) against the memory of
         the models and their training state (trainer/sizing.py)."""
@@ -160,7 +161,7 @@ class PPOTrainer:
         self.sized = sizing.size_micro_batches(
             self.sized, minibatch_rows=r.num_prompts // self.world * r.samples_per_prompt // o.num_minibatches,
             tokens_per_row=(self.episode_settings.max_episode_tokens if self.env_cls is not None
-                            else self.longest_prompt + r.max_new_tokens),
+                            else longest_prompt + r.max_new_tokens),
             bodies=[policy_lm] + ([self.critic.model] if self.critic is not None else []),
             models=[self.policy, self.critic, self.ref, *(term.model for term in terms)],
             dtype_bytes=builders.DTYPES[self.cfg.model.dtype].itemsize)

@@ -95,7 +95,7 @@ ACTIVATION_SHARE = 1 / 3
 """With ``optim.micro_batch_size`` auto, a LoRA run of a large model keeps the estimated activations of
 one micro-batch within this share of the memory its models and their training state take
 (:func:`state_bytes`). LoRA's state is mostly the frozen weights, and there a whole minibatch's
-activations set the peak (W3: 0.48× TRL's RSS with whole 8-row minibatches, 0.38× with 4;
+activations set the peak (W3: 0.44× TRL's RSS with whole 8-row minibatches, 0.35× with 4;
 docs/benchmarks.md "Defaults behind measurements"). Full fine-tuning's peak is its state (weights,
 gradients, AdamW's moments: W3's activations are 0.7 of its 6.3 GB), so it keeps whole minibatches."""
 
@@ -135,9 +135,9 @@ def resolve_micro_batch(resolved: Resolved, *, minibatch_rows: int, tokens_per_r
     the policy's and a separate critic's) within :data:`ACTIVATION_SHARE` of ``state`` bytes; else the
     largest divisor of ``minibatch_rows`` that does (at least 1)."""
     cfg = resolved.cfg
-    large = profile_for(resolved.parameters) is LARGE and bool(cfg.model.lora_r)
     if cfg.optim.micro_batch_size != "auto":
         return resolved
+    large = profile_for(resolved.parameters) is LARGE and bool(cfg.model.lora_r)
     per_row = max(tokens_per_row * bytes_per_token, 1)
     fit = int(ACTIVATION_SHARE * state // per_row)
     rows = 0
