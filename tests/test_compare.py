@@ -10,7 +10,7 @@ import pytest
 
 from ppo_lm.cli import compare
 from ppo_lm.cli.main import main
-from ppo_lm.reporting.compare_report import smooth, spread, summarize
+from ppo_lm.reporting.compare_report import smooth, spread, summarize, summary_markdown
 from ppo_lm.trainer.config import TrainConfig
 
 
@@ -231,3 +231,20 @@ def test_compare_on_an_environment(tmp_path, monkeypatch, capsys):
         assert all(r["turns_mean"] >= 1 for r in rows[1:]) and "eval_turns" in rows[0]
     assert "environment builtin:equations_retry; held-out accuracy: the mean return of greedy episodes" in \
         (out / "summary.md").read_text()
+
+
+def test_the_table_gives_no_spread_for_one_seed():
+    def summary(seeds):
+        runs = [{"estimator": "gae", "seed": seed, "accuracy_before": 0.46, "accuracy_after": 0.9 + 0.04 * seed,
+                 "sampled_tokens": 5e4, "wall_s": 3000.0 + 2 * seed, "peak_rss_mb": 9e3,
+                 "models_held": ["policy", "reference", "critic"]} for seed in seeds]
+        settings = {"iterations": 40, "episodes": 64, "layout": "natural", "max_new_tokens": 32, "env": None,
+                    "policy": "m.gguf", "eval_prompts": "h.jsonl", "seeds": seeds, "layouts": {"gae": (64, 1)}}
+        return summary_markdown({"estimators": summarize(runs), "settings": settings})
+
+    one = summary([0]).splitlines()[-1]
+    # one seed: its sample standard deviation is undefined, so the row shows the means alone
+    assert "±" not in one and "| 46.0 % | 90.0 % | +44.0 |" in one and "| 3000 s |" in one
+    assert "the mean alone where one seed ran" in summary([0])
+    two = summary([0, 1]).splitlines()[-1]
+    assert "| 46.0 ± 0.0 % | 92.0 ± 2.8 % | +46.0 ± 2.8 |" in two and "3001 ± 1 s" in two

@@ -75,8 +75,14 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
     return out
 
 
+def _pm(s: dict, scale: float, fmt: str) -> str:
+    """``mean ± std`` of a spread; the mean alone for one seed, whose spread is unknown, not zero."""
+    mean = format(scale * s["mean"], fmt)
+    return mean if s["n"] < 2 else f"{mean} ± {format(scale * s['std'], fmt.lstrip('+'))}"
+
+
 def _pct(s: dict) -> str:
-    return f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f} %"
+    return f"{_pm(s, 100, '.1f')} %"
 
 
 def _tokens(n: float) -> str:
@@ -95,7 +101,8 @@ def summary_markdown(summary: dict) -> str:
         f"{s['policy']}; " + (f"environment {s['env']}; held-out accuracy: the mean return of greedy episodes"
                               if s.get("env") else "held-out accuracy: greedy") +
         f", on {s['eval_prompts']}; seeds {', '.join(map(str, s['seeds']))}. Each cell: mean ± sample "
-        "standard deviation over the seeds (summary.json also has the minimum and maximum).",
+        "standard deviation over the seeds (summary.json also has the minimum and maximum)" +
+        (", the mean alone where one seed ran." if len(s["seeds"]) < 2 else "."),
         "",
         "| estimator | prompts × samples | held-out accuracy before | after | gain (points) | sampled tokens per run "
         "| wall time per run | peak RSS per run | models held |",
@@ -107,8 +114,8 @@ def summary_markdown(summary: dict) -> str:
         prompts, samples = s["layouts"][name]
         lines.append(
             f"| {name} | {prompts} × {samples} | {_pct(e['accuracy_before'])} | {_pct(e['accuracy_after'])} | "
-            f"{100 * g['mean']:+.1f} ± {100 * g['std']:.1f} | {_tokens(e['sampled_tokens']['mean'])} | "
-            f"{e['wall_s']['mean']:.0f} ± {e['wall_s']['std']:.0f} s | {e['peak_rss_mb']['mean']:.0f} MB | "
+            f"{_pm(g, 100, '+.1f')} | {_tokens(e['sampled_tokens']['mean'])} | "
+            f"{_pm(e['wall_s'], 1, '.0f')} s | {e['peak_rss_mb']['mean']:.0f} MB | "
             f"{len(models)} ({', '.join(models)}) |")
     return "\n".join(lines) + "\n"
 
