@@ -302,3 +302,42 @@ def test_critic_settings_with_a_critic_free_estimator_are_refused(tmp_path, fiel
     cfg = tiny_config(tmp_path, algo__estimator="grpo", rollout__samples_per_prompt=2, **{f"optim__{field}": 2})
     with pytest.raises(ConfigError, match=rf"`optim.{field}`=2 has no critic to train: `algo.estimator`='grpo'"):
         PPOTrainer(cfg, verifier=length_reward)
+
+
+def test_no_bootstrap_with_a_critic_free_estimator_is_refused(tmp_path):
+    from ppo_lm.runtime.errors import ConfigError
+
+    cfg = tiny_config(tmp_path, algo__estimator="rloo", rollout__samples_per_prompt=2, algo__bootstrap_truncated=False)
+    with pytest.raises(ConfigError, match=r"^`algo.bootstrap_truncated`=false has no effect: `algo.estimator`='rloo'"):
+        PPOTrainer(cfg, verifier=length_reward)
+
+
+@pytest.mark.parametrize("bootstrap", [False, True])
+def test_a_truncated_response_ends_its_return_unless_bootstrapped(tmp_path, bootstrap):
+    """Every response runs to the limit (min = max tokens), so every row is truncated. With
+    `algo.bootstrap_truncated` the critic's targets are the λ-return with V_old(x_{l+1}) after the last
+    token; without it, with V = 0 there. Checked against a naive backwards loop over each row."""
+    cfg = tiny_config(tmp_path / "run", rollout__min_new_tokens=4, algo__bootstrap_truncated=bootstrap)
+    tr = PPOTrainer(cfg, verifier=length_reward)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a zero value head would make V_old(x_{l+1}) = 0 either way
+        for name, p in tr.critic.named_parameters():
+            if "score" in name:
+                p.normal_(0.0, 0.5)
+    batch = tr.rollout(1)
+    assert not batch.terminated.any() and bool((batch.bootstrap_values.abs() > 1e-3).all())
+    done = tr.learn(batch, 1)
+    lam, gamma = cfg.algo.gae_lambda, cfg.algo.gamma
+    for i in range(batch.size):
+        n = int(batch.loss_mask[i].sum())
+        v = batch.values_old[i, :n].double().tolist()
+        r = done.targets.rewards[i, :n].double().tolist()
+        v_next = float(batch.bootstrap_values[i]) if bootstrap else 0.0
+        adv, want = 0.0, [0.0] * n
+        for t in reversed(range(n)):
+            after = v[t + 1] if t + 1 < n else v_next
+            adv = r[t] + gamma * after - v[t] + gamma * lam * adv
+            want[t] = adv + v[t]
+        got = done.targets.returns[i, :n].double().tolist()
+        assert got == pytest.approx(want, abs=1e-5), (i, bootstrap)
+    assert done.batch.bootstrap_values.abs().sum() > 0 if bootstrap else not done.batch.bootstrap_values.any()

@@ -142,8 +142,8 @@ class RolloutConfig:
     """Responses sampled per prompt: the group of grpo, dr_grpo and rloo (which need >= 2). An iteration
     has num_prompts × samples_per_prompt episodes."""
     max_new_tokens: int | Literal["auto"] = setting("auto", ge=1)
-    """Response length limit in tokens; a response cut there without a stop token is truncated and
-    bootstraps from V (docs/algorithm.md §1.3). Also the constant divisor of seq-mean-token-sum-norm.
+    """Response length limit in tokens; a response cut there without a stop token is truncated: it
+    bootstraps from V, or with `algo.bootstrap_truncated` false its score ends its return (docs/algorithm.md §1.3). Also the constant divisor of seq-mean-token-sum-norm.
     auto: by the policy's size (trainer/sizing.py) — 8 below 10 M parameters (the built-in task's),
     128 above (at most half the policy's context), logged in the banner."""
     min_new_tokens: int = setting(0, ge=0)
@@ -173,8 +173,9 @@ class RolloutConfig:
     episode is an instance, reset with a prompt row and a seed, stepped with each turn's text; its turn
     rewards replace `model.reward`. None = single-turn, scored by `model.reward`."""
     max_turns: int = setting(4, ge=1)
-    """With `env`: turns per episode at most; an episode still running after them is truncated and
-    bootstraps from V of its last context (docs/algorithm.md §1.3)."""
+    """With `env`: turns per episode at most; an episode still running after them is truncated: it
+    bootstraps from V of its last context, or with `algo.bootstrap_truncated` false its return ends there
+    (docs/algorithm.md §1.3)."""
     max_episode_tokens: int = setting(0, ge=0)
     """With `env`: tokens of an episode at most, prompt, turns and observations together; an observation
     that does not fit ends the episode (truncated, counted in `truncated_by_context_frac`). 0 = the
@@ -201,6 +202,14 @@ class AlgoConfig:
     """Decoupled GAE (VC-PPO): λ for the critic target; None = gae_lambda."""
     adaptive_lambda_alpha: float | None = setting(None, gt=0, finite=True)
     """VAPO length-adaptive actor λ = 1 − 1/(α·l); None = off."""
+    bootstrap_truncated: bool = True
+    """Whether a response cut by `rollout.max_new_tokens` (an episode cut by `rollout.max_turns` or the
+    context) bootstraps its last TD residual from V_old(x_{l+1}) (docs/algorithm.md §1.3): partial-episode
+    bootstrapping (Pardo et al. 2018), right where the reward of a cut response leaves out what would
+    follow. False: the cut response's score, which the reward gave the text as it stands, ends its
+    return (V = 0 after it), as in verl, OpenRLHF and TRL. Where most responses are cut and the reward
+    scores them as they stand, True makes the critic's target r + V feed on its own value, and V climbs
+    past every return (docs/critic.md, "Truncated responses"). gae only."""
     whiten_advantages: bool = True
     """Whiten GAE advantages over the global batch (critic-free estimators normalise themselves)."""
     kl_coef: float = setting(0.05, ge=0, finite=True)

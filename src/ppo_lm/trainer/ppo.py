@@ -252,6 +252,9 @@ class PPOTrainer:
         cfg, a = self.cfg, self.cfg.algo
         timer = timer if timer is not None else Timer()
         beta = self.kl_ctl.value
+        if not a.bootstrap_truncated and batch.bootstrap_values is not None:
+            # the reward scored a cut response as it stands: nothing follows it, so V after it is 0
+            batch = dataclasses.replace(batch, bootstrap_values=torch.zeros_like(batch.bootstrap_values))
         reward_beta = beta if a.kl_in == "reward" else 0.0
 
         # Checked once here; the algorithm functions below then skip their per-call mask checks.

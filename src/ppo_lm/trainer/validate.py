@@ -78,6 +78,11 @@ def _check_estimator(cfg: TrainConfig) -> None:
                 f"`optim.{name}`={value} has no critic to train: `algo.estimator`={a.estimator!r} is "
                 "critic-free; leave it out (in `ppo-lm compare`, set it in the gae section of `per_estimator`)"
             )
+    if not a.bootstrap_truncated and not spec.needs_critic:
+        raise ConfigError(
+            f"`algo.bootstrap_truncated`=false has no effect: `algo.estimator`={a.estimator!r} has no critic "
+            "to bootstrap from; leave it out (in `ppo-lm compare`, set it in the gae section of `per_estimator`)"
+        )
     if spec.needs_groups and r.samples_per_prompt < 2:
         raise ConfigError(
             f"`algo.estimator`={a.estimator!r} compares samples of the same prompt: set "
