@@ -25,8 +25,12 @@ def rows(task: str, config: dict, n: int, seed: int) -> list[dict]:
     """Up to ``n`` distinct problems of ``task`` (the generator's own seeded order; repeats dropped)."""
     import reasoning_gym  # imported here so that --help works without it
 
+    try:
+        dataset = reasoning_gym.create_dataset(task, size=n, seed=seed, **config)
+    except (ValueError, TypeError, AssertionError) as e:  # reasoning-gym's own checks of name and settings
+        raise SystemExit(f"[data] --task {task} / --task-config: {e or type(e).__name__}") from None
     seen, out = set(), []
-    for entry in reasoning_gym.create_dataset(task, size=n, seed=seed, **config):
+    for entry in dataset:
         if entry["question"] in seen:
             continue
         seen.add(entry["question"])
@@ -73,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
                                                        train=args.train, heldout=args.heldout, seed=args.seed)
     except ModuleNotFoundError as e:
         raise SystemExit(f"[data] {e.name} is not installed: pip install 'reasoning-gym==0.1.25'") from None
-    except (ValueError, TypeError, AssertionError) as e:  # reasoning-gym's own checks of name and settings
-        raise SystemExit(f"[data] --task {args.task} / --task-config: {e or type(e).__name__}") from None
     print(f"[data] {args.task}: {n_train} train problems in {train}, {n_test} held-out in {heldout}")
     return 0
 

@@ -143,7 +143,8 @@ class RolloutConfig:
     has num_prompts × samples_per_prompt episodes."""
     max_new_tokens: int | Literal["auto"] = setting("auto", ge=1)
     """Response length limit in tokens; a response cut there without a stop token is truncated: it
-    bootstraps from V, or with `algo.bootstrap_truncated` false its score ends its return (docs/algorithm.md §1.3). Also the constant divisor of seq-mean-token-sum-norm.
+    bootstraps from V, or with `algo.bootstrap_truncated` false its score ends its return
+    (docs/algorithm.md §1.3). Also the constant divisor of seq-mean-token-sum-norm.
     auto: by the policy's size (trainer/sizing.py) — 8 below 10 M parameters (the built-in task's),
     128 above (at most half the policy's context), logged in the banner."""
     min_new_tokens: int = setting(0, ge=0)
