@@ -134,6 +134,21 @@ def test_compare_config_is_merged_and_checked_per_estimator(tmp_path, capsys):
     compare.check_compare(c)  # an earlier comparison's outputs are replaced with --overwrite
 
 
+def test_smoke_caps_the_iterations_and_the_config_files_sizes(tmp_path):
+    """--smoke is a wiring check in seconds, whatever --iterations and the --config file ask for."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rollout:\n  max_new_tokens: 32\noptim:\n  epochs: 3\n  num_minibatches: 2\n"
+                   "per_estimator:\n  gae:\n    log:\n      eval_every: 5\n")
+    c = compare.parse_args(["--smoke", "--config", str(cfg), "--estimators", "gae", "--iterations", "40",
+                            "--output-dir", str(tmp_path / "o")])
+    compare.check_compare(c)
+    run = compare.run_config(c, "gae", 0)
+    assert (c.iterations, run.iterations, c.episodes) == (compare.SMOKE_ITERATIONS, compare.SMOKE_ITERATIONS, 8)
+    assert (run.rollout.max_new_tokens, run.optim.epochs, run.optim.num_minibatches) == (4, 1, 1)
+    assert (run.data.eval_max_prompts, run.log.eval_every) == (compare.SMOKE_EVAL_PROMPTS, 1)
+    assert compare.parse_args(["--smoke", "--iterations", "1"]).iterations == 1  # fewer stay fewer
+
+
 def test_each_estimator_runs_in_its_layout_at_the_same_episodes_and_common_gives_every_one_groups(tmp_path):
     c = compare.parse_args(["--estimators", "gae,reinforce++,grpo,rloo,dr_grpo", "--episodes", "96",
                             "--group-size", "8", "--output-dir", str(tmp_path / "n")])

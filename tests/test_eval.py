@@ -111,6 +111,15 @@ def test_training_and_held_out_prompts_from_the_splits_of_one_dataset(tmp_path):
         PPOTrainer(tiny_config(tmp_path / "run2", data__prompts=str(d), data__split="validation"))
 
 
+def test_eval_max_prompts_evaluates_the_first_prompts_of_the_file(tmp_path):
+    rows = [{"prompt": f"Solve x+{i}=9\n", "answer": str(9 - i)} for i in range(6)]
+    (tmp_path / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = dict(data__eval_prompts=str(tmp_path / "held.jsonl"))
+    assert PPOTrainer(tiny_config(tmp_path / "all", **cfg), verifier=count_sevens).eval_rows == rows
+    tr = PPOTrainer(tiny_config(tmp_path / "few", data__eval_max_prompts=4, **cfg), verifier=count_sevens)
+    assert tr.eval_rows == rows[:4]
+
+
 def test_evaluations_are_plotted(tmp_path):
     from ppo_lm.reporting.plots import panels_of, plot_run
 

@@ -70,7 +70,9 @@ class CompareConfig:
     overwrite: bool = False
     """Replace the outputs of an earlier comparison in output_dir (otherwise an error)."""
     smoke: bool = False
-    """Tiny sizes that run in seconds (wiring check, used by the tests)."""
+    """Tiny sizes that run in seconds (wiring check, used by the tests): at most 2 iterations of 8
+    episodes, 4-token responses, one epoch of one minibatch and 8 held-out prompts, over the --config
+    file's settings as well."""
     file_settings: dict = field(default_factory=dict)
     """The --config file's settings for every run (read by check_compare)."""
     per_estimator: dict[str, dict] = field(default_factory=dict)
@@ -81,6 +83,8 @@ class CompareConfig:
         return self.prompts is not None or bool((self.file_settings.get("data") or {}).get("prompts"))
 
 
+SMOKE_ITERATIONS = 2
+SMOKE_EVAL_PROMPTS = 8
 OUTPUTS = ("summary.json", "summary.md", "curves.png", "heldout.jsonl", "sft", "runs", "logs")
 
 
@@ -125,11 +129,12 @@ def parse_args(argv: list[str]) -> CompareConfig:
                    "builtin:equations_retry")
     p.add_argument("--output-dir", "--output_dir", default=d.output_dir, help=f"default {d.output_dir}/")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison's outputs in --output-dir")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes that run in seconds (wiring check)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes that run in seconds (wiring check): at most "
+                   f"{SMOKE_ITERATIONS} iterations of 8 episodes, 4-token responses, {SMOKE_EVAL_PROMPTS} held-out prompts")
     a = p.parse_args(argv)
     cfg = CompareConfig(**{k: v for k, v in vars(a).items()})
     if cfg.smoke:
-        cfg.episodes, cfg.group_size = 8, 2
+        cfg.episodes, cfg.group_size, cfg.iterations = 8, 2, min(cfg.iterations, SMOKE_ITERATIONS)
     return cfg
 
 
@@ -210,11 +215,12 @@ def run_config(cfg: CompareConfig, estimator: str, seed: int) -> TrainConfig:
     """The settings of one run: layers 1–4 of cli/compare_plan.py, then what the comparison sets."""
     out = Path(cfg.output_dir)
     base = base_settings(cfg.own_task, cfg.iterations)
-    if cfg.smoke:
-        base.rollout.max_new_tokens, base.optim.epochs, base.optim.num_minibatches = 4, 1, 1
-        base.data.builtin_num_prompts, base.log.eval_every = 32, 1
     run = run_settings(base, estimator, layout_name=cfg.layout, episodes=cfg.episodes, group_size=cfg.group_size,
                        file_settings=cfg.file_settings, per_estimator=cfg.per_estimator)
+    if cfg.smoke:  # over the --config file's sizes too: a wiring check of a real model's settings stays short
+        run.rollout.max_new_tokens, run.optim.epochs, run.optim.num_minibatches = 4, 1, 1
+        run.data.builtin_num_prompts, run.data.builtin_eval_prompts = 32, 8
+        run.data.eval_max_prompts, run.log.eval_every = SMOKE_EVAL_PROMPTS, 1
     run.algo.estimator = estimator  # type: ignore[assignment]  # checked against the registry
     run.seed = seed
     run.iterations = cfg.iterations

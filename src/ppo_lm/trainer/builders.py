@@ -334,6 +334,8 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False, env:
             rows = load_rows(source, [], name=f"prompt data (`{field}`)", split=cfg.eval_split if held_out else cfg.split)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    if held_out and cfg.eval_max_prompts:
+        rows = rows[:cfg.eval_max_prompts]
     prompts.check_prompt_rows(rows, None if env else cfg.prompt_column, source=f"`{field}`")
     return rows
 

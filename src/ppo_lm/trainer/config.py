@@ -129,6 +129,9 @@ class DataConfig:
     """The split of `data.eval_prompts` to read where it has several (as `data.split`)."""
     builtin_eval_prompts: int = setting(200, ge=1, resume=True)
     """Size of the built-in held-out prompt set (distinct prompts)."""
+    eval_max_prompts: int = setting(0, ge=0, resume=True)
+    """Evaluate only the first this many prompts of `data.eval_prompts` (its file order); 0 = all. An
+    evaluation generates one response per prompt, so a large held-out file costs time at each one."""
     shuffle: bool = True
     """Visit the prompts in a fresh permutation on each pass over the data (seeded by `seed` and the pass,
     so a resumed run sees the same prompts); False = dataset order."""
