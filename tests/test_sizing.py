@@ -10,25 +10,43 @@ from trainer_helpers import tiny_config
 
 from ppo_lm.trainer import sizing
 from ppo_lm.trainer.config import TrainConfig
-from ppo_lm.trainer.sizing import LARGE, LARGE_MODEL_PARAMETERS, SMALL, resolve_auto
+from ppo_lm.trainer.sizing import BILLION_PARAMETERS, LARGE, LARGE_MODEL_PARAMETERS, SMALL, resolve_auto
 
 
 def test_auto_resolves_by_parameter_count_and_leaves_given_values_alone():
     cfg = TrainConfig()
     small = resolve_auto(cfg, 140_000)
     assert (small.cfg.optim.actor_lr, small.cfg.optim.critic_lr, small.cfg.rollout.max_new_tokens) == (3e-4, 1e-3, 8)
+    assert small.cfg.algo.bootstrap_truncated is True
     large = resolve_auto(cfg, LARGE_MODEL_PARAMETERS)
-    assert (large.cfg.optim.actor_lr, large.cfg.optim.critic_lr, large.cfg.rollout.max_new_tokens) == (1e-6, 1e-5, 128)
-    assert large.values == {"optim.actor_lr": 1e-6, "optim.critic_lr": 1e-5, "rollout.max_new_tokens": 128}
+    assert (large.cfg.optim.actor_lr, large.cfg.optim.critic_lr, large.cfg.rollout.max_new_tokens) == (1e-6, 1e-4, 128)
+    assert large.cfg.algo.bootstrap_truncated is False
+    assert large.values == {"optim.actor_lr": 1e-6, "optim.critic_lr": 1e-4, "rollout.max_new_tokens": 128,
+                            "algo.bootstrap_truncated": False}
     assert "134.52 M parameters, ≥ 10 M: large model" in resolve_auto(cfg, 134_515_008).reason
-    assert cfg.optim.actor_lr == "auto"  # the given config is not changed
+    billion = resolve_auto(cfg, BILLION_PARAMETERS)
+    assert (billion.cfg.optim.critic_lr, billion.cfg.algo.bootstrap_truncated) == (1e-5, False)
+    assert billion.cfg.optim.actor_lr == LARGE.actor_lr
+    assert "1.00 B parameters, ≥ 1 B: billion-scale model" in billion.reason
+    assert resolve_auto(cfg, BILLION_PARAMETERS - 1).cfg.optim.critic_lr == 1e-4
+    assert cfg.optim.actor_lr == "auto" and cfg.algo.bootstrap_truncated == "auto"  # the given config is not changed
     cfg.model.lora_r = 16  # adapters start at zero: ten times the rate
     assert resolve_auto(cfg, 10**8).cfg.optim.actor_lr == LARGE.actor_lr_lora == 1e-5
     assert resolve_auto(cfg, 10**5).cfg.optim.actor_lr == SMALL.actor_lr_lora
-    cfg.optim.actor_lr, cfg.rollout.max_new_tokens = 2e-6, 32
+    cfg.optim.actor_lr, cfg.rollout.max_new_tokens, cfg.algo.bootstrap_truncated = 2e-6, 32, True
     given = resolve_auto(cfg, 10**8)
     assert (given.cfg.optim.actor_lr, given.cfg.rollout.max_new_tokens) == (2e-6, 32)
-    assert given.values == {"optim.critic_lr": 1e-5}
+    assert given.cfg.algo.bootstrap_truncated is True
+    assert given.values == {"optim.critic_lr": 1e-4}
+
+
+def test_a_critic_free_run_resolves_the_critics_settings_without_listing_them():
+    """GRPO has no critic: its banner does not list a critic rate or the bootstrap, though both resolve."""
+    cfg = TrainConfig()
+    cfg.algo.estimator = "grpo"
+    got = resolve_auto(cfg, 10**8)
+    assert set(got.values) == {"optim.actor_lr", "rollout.max_new_tokens"}
+    assert (got.cfg.optim.critic_lr, got.cfg.algo.bootstrap_truncated) == (1e-4, False)
 
 
 def test_an_auto_response_limit_leaves_half_the_context_and_respects_min_new_tokens():
@@ -52,12 +70,12 @@ def test_the_builtin_model_trains_with_the_small_rates_and_the_banner_says_so(tm
     assert _optimiser_rates(trainer) == (3e-4, 1e-3) and trainer.sampling.max_new_tokens == 8
     out = capsys.readouterr().out
     assert ("auto      optim.actor_lr 3e-4 · optim.critic_lr 1e-3 · rollout.max_new_tokens 8 · "
-            "optim.micro_batch_size 0 (policy of") in out
+            "algo.bootstrap_truncated true · optim.micro_batch_size 0 (policy of") in out
     assert "< 10 M: small model" in out
     trainer.train()
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["optim"]["actor_lr"] == saved["optim"]["critic_lr"] == saved["rollout"]["max_new_tokens"] == "auto"
-    assert saved["optim"]["micro_batch_size"] == "auto"
+    assert saved["optim"]["micro_batch_size"] == saved["algo"]["bootstrap_truncated"] == "auto"
 
 
 def test_a_model_past_the_bound_trains_with_the_large_rates(tmp_path, capsys):
@@ -73,9 +91,12 @@ def test_a_model_past_the_bound_trains_with_the_large_rates(tmp_path, capsys):
                       rollout__max_new_tokens="auto", rollout__num_prompts=2, optim__num_minibatches=1,
                       optim__epochs=1)
     trainer = PPOTrainer(cfg, policy=lm, tokenizer=tok)
-    assert _optimiser_rates(trainer) == (1e-6, 1e-5)
+    assert _optimiser_rates(trainer) == (1e-6, 1e-4)
     assert trainer.sampling.max_new_tokens == 32  # half the 64-token context
-    assert "large model" in capsys.readouterr().out
+    assert trainer.cfg.algo.bootstrap_truncated is False
+    out = capsys.readouterr().out
+    assert "optim.critic_lr 1e-4 · rollout.max_new_tokens 32 · algo.bootstrap_truncated false" in out
+    assert "large model" in out
 
 
 @pytest.mark.parametrize("value, message", [

@@ -206,14 +206,16 @@ class AlgoConfig:
     """Decoupled GAE (VC-PPO): λ for the critic target; None = gae_lambda."""
     adaptive_lambda_alpha: float | None = setting(None, gt=0, finite=True)
     """VAPO length-adaptive actor λ = 1 − 1/(α·l); None = off."""
-    bootstrap_truncated: bool = True
+    bootstrap_truncated: bool | Literal["auto"] = "auto"
     """Whether a response cut by `rollout.max_new_tokens` (an episode cut by `rollout.max_turns` or the
     context) bootstraps its last TD residual from V_old(x_{l+1}) (docs/algorithm.md §1.3): partial-episode
     bootstrapping (Pardo et al. 2018), right where the reward of a cut response leaves out what would
     follow. False: the cut response's score, which the reward gave the text as it stands, ends its
     return (V = 0 after it), as in verl, OpenRLHF and TRL. Where most responses are cut and the reward
     scores them as they stand, True makes the critic's target r + V feed on its own value, and V climbs
-    past every return (docs/critic.md, "Truncated responses"). gae only."""
+    past every return (docs/critic.md, "Truncated responses"). auto: by the policy's size
+    (trainer/sizing.py) — true below 10 M parameters (the built-in task, where it measured better),
+    false above (pretrained models). gae only."""
     whiten_advantages: bool = True
     """Whiten GAE advantages over the global batch (critic-free estimators normalise themselves)."""
     kl_coef: float = setting(0.05, ge=0, finite=True)
@@ -283,7 +285,8 @@ class OptimConfig:
     (a pretrained model; 1e-5 with LoRA), logged in the banner."""
     critic_lr: float | Literal["auto"] = setting("auto", gt=0, finite=True)
     """AdamW learning rate of the critic: the separate critic (body and head), or the shared critic's
-    value head. auto: by the policy's size — 1e-3 below 10 M parameters, 1e-5 above."""
+    value head. auto: by the policy's size — 1e-3 below 10 M parameters, 1e-4 from 10 M (measured on
+    SmolLM2-135M, docs/critic.md), 1e-5 from 1 B (verl's and OpenRLHF's for models of that size)."""
     weight_decay: float = setting(0.0, ge=0, finite=True)
     """AdamW's decoupled weight decay of the weight matrices, for both optimisers (biases and norm weights
     exempt, ppo_lm.runtime.optim); 0 = none."""

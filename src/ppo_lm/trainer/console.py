@@ -39,8 +39,10 @@ def parameters(model: nn.Module | None) -> str:
     return f"{size} parameters, {state}"
 
 
-def _short(v: float) -> str:
-    """``3e-4`` rather than ``0.0003``; integers as they are."""
+def _short(v: float | bool) -> str:
+    """``3e-4`` rather than ``0.0003``; integers as they are; booleans as in YAML."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
     return f"{v:.0e}".replace("e-0", "e-") if isinstance(v, float) and 0 < abs(v) < 1e-2 else f"{v:g}"
 
 

@@ -3,16 +3,18 @@
 A learning rate that trains the 0.14 M-parameter built-in model in minutes (3e-4) moves a pretrained
 135 M-parameter instruct model 25 nats per response away from where it started in one iteration, and a
 response limit of 8 tokens cuts every answer of such a model short. So ``optim.actor_lr``,
-``optim.critic_lr`` and ``rollout.max_new_tokens`` default to ``"auto"``, which :func:`resolve_auto`
-resolves from the policy's parameter count once it is loaded: a model below
-:data:`LARGE_MODEL_PARAMETERS` takes :data:`SMALL` (the values the built-in task was tuned with), any
-larger one :data:`LARGE` (verl's actor and critic rates for pretrained models; ten times the actor rate
-with LoRA adapters, which start from zero). The run's banner prints what was resolved and why;
-config.yaml keeps ``"auto"``, so a file reused on another model resolves for that one. An ``auto``
-``optim.micro_batch_size`` is resolved once the prompts are read (:func:`resolve_micro_batch`): whole
-minibatches, except LoRA on a large model, whose update runs micro-batches sized from an estimate of
-their activations against the memory of the models and their state. The rules and their
-measurements: README "Defaults that depend on the model".
+``optim.critic_lr``, ``rollout.max_new_tokens`` and ``algo.bootstrap_truncated`` default to ``"auto"``,
+which :func:`resolve_auto` resolves from the policy's parameter count once it is loaded: a model below
+:data:`LARGE_MODEL_PARAMETERS` takes :data:`SMALL` (the values the built-in task was tuned with), a
+larger one :data:`LARGE` (verl's actor rate, ten times it with LoRA adapters, which start from zero; a
+critic at 1e-4 whose cut responses end their returns at their score, the setting under which the
+critic learned on SmolLM2-135M: docs/critic.md), and one of :data:`BILLION_PARAMETERS` or more
+:data:`BILLION` (LARGE with verl's and OpenRLHF's critic rate of 1e-5 for models of that size). The
+run's banner prints what was resolved and why; config.yaml keeps ``"auto"``, so a file reused on
+another model resolves for that one. An ``auto`` ``optim.micro_batch_size`` is resolved once the
+prompts are read (:func:`resolve_micro_batch`): whole minibatches, except LoRA on a large model, whose
+update runs micro-batches sized from an estimate of their activations against the memory of the
+models and their state. The rules and their measurements: README "Defaults that depend on the model".
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..algorithms import get_advantage_estimator
 from .config import TrainConfig
 
 LARGE_MODEL_PARAMETERS = 10_000_000
 """Policies with at least this many parameters (embeddings included) take :data:`LARGE`."""
+BILLION_PARAMETERS = 1_000_000_000
+"""Policies with at least this many parameters take :data:`BILLION`."""
 
 
 @dataclass(frozen=True)
@@ -35,14 +40,24 @@ class SizeProfile:
     actor_lr_lora: float
     critic_lr: float
     max_new_tokens: int
+    bootstrap_truncated: bool
+    """Whether a response cut by the limit bootstraps from V (``algo.bootstrap_truncated``). A pretrained
+    model's early responses run into the limit and the reward scores them as they stand; there a
+    bootstrapped critic chased its own value on SmolLM2 (docs/critic.md "Truncated responses"), while on
+    the built-in task, with under 1 % cut, the bootstrap measured better (the same section)."""
 
 
-SMALL = SizeProfile("small", actor_lr=3e-4, actor_lr_lora=1e-3, critic_lr=1e-3, max_new_tokens=8)
-LARGE = SizeProfile("large", actor_lr=1e-6, actor_lr_lora=1e-5, critic_lr=1e-5, max_new_tokens=128)
+SMALL = SizeProfile("small", actor_lr=3e-4, actor_lr_lora=1e-3, critic_lr=1e-3, max_new_tokens=8,
+                    bootstrap_truncated=True)
+LARGE = SizeProfile("large", actor_lr=1e-6, actor_lr_lora=1e-5, critic_lr=1e-4, max_new_tokens=128,
+                    bootstrap_truncated=False)
+BILLION = dataclasses.replace(LARGE, name="billion-scale", critic_lr=1e-5)
 
 
 def profile_for(parameters: int) -> SizeProfile:
     """The size class of a policy with ``parameters`` parameters."""
+    if parameters >= BILLION_PARAMETERS:
+        return BILLION
     return LARGE if parameters >= LARGE_MODEL_PARAMETERS else SMALL
 
 
@@ -59,7 +74,7 @@ class Resolved:
     """A config with its ``auto`` sizes resolved, and what was resolved, for the banner."""
 
     cfg: TrainConfig
-    values: dict[str, float | int]
+    values: dict[str, float | int | bool]
     """The dotted names of the settings that were ``auto`` and the values they took."""
     reason: str
     """Why, in words: the policy's size and the class it falls in."""
@@ -68,27 +83,34 @@ class Resolved:
 
 
 def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) -> Resolved:
-    """``cfg`` with each ``auto`` of ``optim.actor_lr``, ``optim.critic_lr`` and ``rollout.max_new_tokens``
-    replaced by the value of the policy's size class (:func:`profile_for`); ``context``: the policy's
-    max_position_embeddings, which an ``auto`` response limit leaves at least half of to the prompt, and
-    never below ``rollout.min_new_tokens``."""
+    """``cfg`` with each ``auto`` of ``optim.actor_lr``, ``optim.critic_lr``, ``rollout.max_new_tokens``
+    and ``algo.bootstrap_truncated`` replaced by the value of the policy's size class
+    (:func:`profile_for`); ``context``: the policy's max_position_embeddings, which an ``auto`` response
+    limit leaves at least half of to the prompt, and never below ``rollout.min_new_tokens``. The
+    critic's settings are listed in ``values`` only where the estimator has a critic."""
     p = profile_for(parameters)
-    o, r = cfg.optim, cfg.rollout
-    values: dict[str, float | int] = {}
+    o, r, a = cfg.optim, cfg.rollout, cfg.algo
+    critic = get_advantage_estimator(a.estimator).needs_critic
+    values: dict[str, float | int | bool] = {}
     if o.actor_lr == "auto":
         values["optim.actor_lr"] = p.actor_lr_lora if cfg.model.lora_r else p.actor_lr
-    if o.critic_lr == "auto":
+    if o.critic_lr == "auto" and critic:
         values["optim.critic_lr"] = p.critic_lr
     if r.max_new_tokens == "auto":
         limit = p.max_new_tokens if context is None else min(p.max_new_tokens, max(context // 2, 1))
         values["rollout.max_new_tokens"] = max(limit, r.min_new_tokens)
+    if a.bootstrap_truncated == "auto" and critic:
+        values["algo.bootstrap_truncated"] = p.bootstrap_truncated
     optim = dataclasses.replace(o, actor_lr=values.get("optim.actor_lr", o.actor_lr),
-                                critic_lr=values.get("optim.critic_lr", o.critic_lr))
+                                critic_lr=values.get("optim.critic_lr", p.critic_lr if o.critic_lr == "auto" else o.critic_lr))
     rollout = dataclasses.replace(r, max_new_tokens=values.get("rollout.max_new_tokens", r.max_new_tokens))
+    bootstrap = a.bootstrap_truncated if a.bootstrap_truncated != "auto" else p.bootstrap_truncated
+    algo = dataclasses.replace(a, bootstrap_truncated=bootstrap)
     size = f"{parameters / 1e6:.2f} M" if parameters < 1e9 else f"{parameters / 1e9:.2f} B"
-    bound = f"{LARGE_MODEL_PARAMETERS / 1e6:g} M"
-    reason = f"policy of {size} parameters, {'≥' if p is LARGE else '<'} {bound}: {p.name} model"
-    return Resolved(dataclasses.replace(cfg, optim=optim, rollout=rollout), values, reason, parameters)
+    bound = BILLION_PARAMETERS if p is BILLION else LARGE_MODEL_PARAMETERS
+    bound_text = f"{bound / 1e9:g} B" if bound >= 1e9 else f"{bound / 1e6:g} M"
+    reason = f"policy of {size} parameters, {'<' if p is SMALL else '≥'} {bound_text}: {p.name} model"
+    return Resolved(dataclasses.replace(cfg, optim=optim, rollout=rollout, algo=algo), values, reason, parameters)
 
 
 ACTIVATION_SHARE = 1 / 3
@@ -137,7 +159,7 @@ def resolve_micro_batch(resolved: Resolved, *, minibatch_rows: int, tokens_per_r
     cfg = resolved.cfg
     if cfg.optim.micro_batch_size != "auto":
         return resolved
-    large = profile_for(resolved.parameters) is LARGE and bool(cfg.model.lora_r)
+    large = profile_for(resolved.parameters) is not SMALL and bool(cfg.model.lora_r)
     per_row = max(tokens_per_row * bytes_per_token, 1)
     fit = int(ACTIVATION_SHARE * state // per_row)
     rows = 0
