@@ -215,7 +215,7 @@ class AlgoConfig:
     scores them as they stand, True makes the critic's target r + V feed on its own value, and V climbs
     past every return (docs/critic.md, "Truncated responses"). auto: by the policy's size
     (trainer/sizing.py) — true below 10 M parameters (the built-in task, where it measured better),
-    false above (pretrained models). gae only."""
+    false from 10 M (pretrained models). gae only."""
     whiten_advantages: bool = True
     """Whiten GAE advantages over the global batch (critic-free estimators normalise themselves)."""
     kl_coef: float = setting(0.05, ge=0, finite=True)

@@ -29,6 +29,8 @@ LARGE_MODEL_PARAMETERS = 10_000_000
 """Policies with at least this many parameters (embeddings included) take :data:`LARGE`."""
 BILLION_PARAMETERS = 1_000_000_000
 """Policies with at least this many parameters take :data:`BILLION`."""
+CRITIC_SETTINGS = ("optim.critic_lr", "algo.bootstrap_truncated")
+"""Resolved for every run, listed in the banner only where the estimator has a critic."""
 
 
 @dataclass(frozen=True)
@@ -90,22 +92,22 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
     critic's settings are listed in ``values`` only where the estimator has a critic."""
     p = profile_for(parameters)
     o, r, a = cfg.optim, cfg.rollout, cfg.algo
-    critic = get_advantage_estimator(a.estimator).needs_critic
-    values: dict[str, float | int | bool] = {}
+    resolved: dict[str, float | int | bool] = {}
     if o.actor_lr == "auto":
-        values["optim.actor_lr"] = p.actor_lr_lora if cfg.model.lora_r else p.actor_lr
-    if o.critic_lr == "auto" and critic:
-        values["optim.critic_lr"] = p.critic_lr
+        resolved["optim.actor_lr"] = p.actor_lr_lora if cfg.model.lora_r else p.actor_lr
+    if o.critic_lr == "auto":
+        resolved["optim.critic_lr"] = p.critic_lr
     if r.max_new_tokens == "auto":
         limit = p.max_new_tokens if context is None else min(p.max_new_tokens, max(context // 2, 1))
-        values["rollout.max_new_tokens"] = max(limit, r.min_new_tokens)
-    if a.bootstrap_truncated == "auto" and critic:
-        values["algo.bootstrap_truncated"] = p.bootstrap_truncated
-    optim = dataclasses.replace(o, actor_lr=values.get("optim.actor_lr", o.actor_lr),
-                                critic_lr=values.get("optim.critic_lr", p.critic_lr if o.critic_lr == "auto" else o.critic_lr))
-    rollout = dataclasses.replace(r, max_new_tokens=values.get("rollout.max_new_tokens", r.max_new_tokens))
-    bootstrap = a.bootstrap_truncated if a.bootstrap_truncated != "auto" else p.bootstrap_truncated
-    algo = dataclasses.replace(a, bootstrap_truncated=bootstrap)
+        resolved["rollout.max_new_tokens"] = max(limit, r.min_new_tokens)
+    if a.bootstrap_truncated == "auto":
+        resolved["algo.bootstrap_truncated"] = p.bootstrap_truncated
+    optim = dataclasses.replace(o, actor_lr=resolved.get("optim.actor_lr", o.actor_lr),
+                                critic_lr=resolved.get("optim.critic_lr", o.critic_lr))
+    rollout = dataclasses.replace(r, max_new_tokens=resolved.get("rollout.max_new_tokens", r.max_new_tokens))
+    algo = dataclasses.replace(a, bootstrap_truncated=resolved.get("algo.bootstrap_truncated", a.bootstrap_truncated))
+    critic = get_advantage_estimator(a.estimator).needs_critic
+    values = {k: v for k, v in resolved.items() if critic or k not in CRITIC_SETTINGS}
     size = f"{parameters / 1e6:.2f} M" if parameters < 1e9 else f"{parameters / 1e9:.2f} B"
     bound = BILLION_PARAMETERS if p is BILLION else LARGE_MODEL_PARAMETERS
     bound_text = f"{bound / 1e9:g} B" if bound >= 1e9 else f"{bound / 1e6:g} M"
