@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -341,3 +342,25 @@ def test_a_truncated_response_ends_its_return_unless_bootstrapped(tmp_path, boot
         got = done.targets.returns[i, :n].double().tolist()
         assert got == pytest.approx(want, abs=1e-5), (i, bootstrap)
     assert done.batch.bootstrap_values.abs().sum() > 0 if bootstrap else not done.batch.bootstrap_values.any()
+
+
+def test_the_bootstrap_switch_changes_nothing_where_no_response_is_cut(tmp_path):
+    """`algo.bootstrap_truncated` acts on the last TD residual of cut responses only: on a rollout whose
+    every row ended with a stop token, a learning step with it on and one with it off leave the same
+    policy and critic, bit for bit (the same start, shuffles and rollout)."""
+    models = []
+    for bootstrap in (True, False):
+        cfg = tiny_config(tmp_path / str(bootstrap), algo__bootstrap_truncated=bootstrap)
+        tr = PPOTrainer(cfg, verifier=length_reward)
+        torch.manual_seed(0)
+        with torch.no_grad():  # a nonzero head, so that V_old(x_{l+1}) would move the targets if it were used
+            for name, p in tr.critic.named_parameters():
+                if "score" in name:
+                    p.normal_(0.0, 0.5)
+        batch = tr.rollout(1)
+        batch = dataclasses.replace(batch, terminated=torch.ones_like(batch.terminated))
+        assert bool((batch.bootstrap_values.abs() > 1e-3).any())
+        tr.learn(batch, 1)
+        models.append((tr.policy, tr.critic))
+    for m1, m2 in zip(*models):
+        assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
