@@ -125,6 +125,32 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
     return out
 
 
+def _timed_iterations(trainer, shape, warmup: int, iterations: int):
+    """Run ``warmup + iterations`` trainer iterations: per-iteration metrics, FLOPs and mean prompt
+    lengths, and the host's load over the timed ones."""
+    history, flops, prompt_means = [], [], []
+    for it in range(1, warmup + iterations + 1):
+        if it == warmup + 1:  # the machine's load over the timed iterations only
+            cpu0, own0 = host_cpu(), own_cpu_s()
+        done = trainer.train_iteration(it)
+        history.append(done.metrics)
+        b = done.batch
+        lengths = b.response_mask.sum(1).tolist()
+        prompt_lengths = b.attention_mask[:, :b.prompt_width].sum(1).tolist()
+        flops.append(iteration_flops(shape, lengths, trainer.cfg.optim.epochs, prompt_lengths))
+        prompt_means.append(statistics.mean(prompt_lengths))
+    return history, flops, prompt_means, host_load(cpu0, host_cpu(), own_cpu_s() - own0)
+
+
+def _print_result(result: dict, json_out: bool) -> None:
+    if json_out:
+        print(json.dumps(result), flush=True)
+    else:
+        width = max(map(len, result))
+        for k, v in result.items():
+            print(f"{k:<{width}}  {v}")
+
+
 def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_out: bool = False, *,
               warmup: int = 1, tiny: bool = False, compare_hf_generate: bool = False,
               compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False,
@@ -163,18 +189,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         t_build = time.perf_counter()
         trainer = PPOTrainer(cfg, prompt_rows=rows)
         build_s = time.perf_counter() - t_build
-        history, flops, prompt_means = [], [], []
-        for it in range(1, warmup + iterations + 1):
-            if it == warmup + 1:  # the machine's load over the timed iterations only
-                cpu0, own0 = host_cpu(), own_cpu_s()
-            done = trainer.train_iteration(it)
-            history.append(done.metrics)
-            b = done.batch
-            lengths = b.response_mask.sum(1).tolist()
-            prompt_lengths = b.attention_mask[:, :b.prompt_width].sum(1).tolist()
-            flops.append(iteration_flops(shape, lengths, cfg.optim.epochs, prompt_lengths))
-            prompt_means.append(statistics.mean(prompt_lengths))
-        load = host_load(cpu0, host_cpu(), own_cpu_s() - own0)
+        history, flops, prompt_means, load = _timed_iterations(trainer, shape, warmup, iterations)
         rss_mb = peak_rss_mb()  # the trainer's peak, before the optional generate comparison
         extra = compare_generate(trainer, shape) if compare_hf_generate else {}
 
@@ -210,12 +225,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         **({"gpu_peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20)} if device.startswith("cuda") else {}), "nproc": os.cpu_count(), "machine": platform.machine(),
     }
     result.update({k: round(v, 2) for k, v in extra.items()})
-    if json_out:
-        print(json.dumps(result), flush=True)
-    else:
-        width = max(map(len, result))
-        for k, v in result.items():
-            print(f"{k:<{width}}  {v}")
+    _print_result(result, json_out)
     return result
 
 

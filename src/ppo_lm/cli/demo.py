@@ -165,9 +165,40 @@ def _preference_pairs_from_policy(lm, tok, rows, samples: int, seed: int, max_ne
     return pairs
 
 
+def _reward_model_stage(cfg: DemoConfig, lm, tok, out: Path, max_new: int, console) -> dict:
+    """Train the demo's reward model on pairs from ``lm``'s own samples, labelled by the verifier."""
+    from ..stages.rm import RMConfig, build_reward_model_from_policy_config, train_reward_model
+    from ..tasks.equations import make_prompts, preference_pairs
+
+    rows = make_prompts(cfg.rm_prompts, seed=cfg.seed + 20_000, split="train")
+    pairs = _preference_pairs_from_policy(lm, tok, rows, cfg.rm_samples_per_prompt, cfg.seed, max_new)
+    n_policy = len(pairs)
+    if n_policy < cfg.rm_min_pairs:
+        # A policy that is almost never (or always) right yields few mixed groups: top up with
+        # synthetic pairs (correct answer over a plausible mistake) so the RM has data.
+        pairs += preference_pairs(cfg.rm_min_pairs - n_policy, seed=cfg.seed)
+    console.print(f"[bold]2. Reward model[/] on {len(pairs)} preference pairs ({n_policy} from policy samples)")
+    rm = build_reward_model_from_policy_config(lm.config, causal_lm=lm, pad_token_id=tok.pad_token_id, seed=cfg.seed)
+    rm_cfg = RMConfig(lr=cfg.rm_lr, max_steps=cfg.rm_steps, batch_size=cfg.rm_batch_size, log_every=10**9)
+    rm_metrics = train_reward_model(rm, tok, pairs, rm_cfg, output_dir=out / "rm", seed=cfg.seed)
+    console.print(f"   held-out pairwise accuracy: {rm_metrics['heldout_accuracy_after']:.1%}")
+    return rm_metrics
+
+
+def _print_summary(console, cfg: DemoConfig, acc_before: float, acc_after: float, wall: float, out: Path) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"ppo-lm demo ({'RLHF with a learned reward model' if cfg.rlhf else 'verifier reward'})")
+    table.add_column("held-out prompts")
+    table.add_column("greedy accuracy", justify="right")
+    table.add_row("after SFT", f"{acc_before:.1%}")
+    table.add_row(f"after PPO ({cfg.ppo.iterations} it.)", f"{acc_after:.1%}")
+    console.print(table)
+    console.print(f"wall time {wall:.0f} s; outputs in {out}/ (summary.json, diagnostics.png, ppo/metrics.jsonl)")
+
+
 def run_demo(cfg: DemoConfig) -> dict:
     from rich.console import Console
-    from rich.table import Table
 
     from ..reporting.plots import plot_proxy_vs_gold, plot_run
     from ..rollout.evaluate import greedy_eval
@@ -214,26 +245,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     console.print(f"   held-out accuracy after SFT: {acc_before:.1%}")
 
     # 2. (RLHF) reward model on pairs from the SFT policy's own samples, labelled by the verifier.
-    rm_metrics = None
-    if cfg.rlhf:
-        from ..stages.rm import RMConfig, build_reward_model_from_policy_config, train_reward_model
-
-        rows = make_prompts(cfg.rm_prompts, seed=cfg.seed + 20_000, split="train")
-        pairs = _preference_pairs_from_policy(lm, tok, rows, cfg.rm_samples_per_prompt, cfg.seed, max_new)
-        n_policy = len(pairs)
-        if n_policy < cfg.rm_min_pairs:
-            # A policy that is almost never (or always) right yields few mixed groups: top up with
-            # synthetic pairs (correct answer over a plausible mistake) so the RM has data.
-            from ..tasks.equations import preference_pairs
-
-            pairs += preference_pairs(cfg.rm_min_pairs - n_policy, seed=cfg.seed)
-        console.print(f"[bold]2. Reward model[/] on {len(pairs)} preference pairs "
-                      f"({n_policy} from policy samples)")
-        rm = build_reward_model_from_policy_config(lm.config, causal_lm=lm, pad_token_id=tok.pad_token_id, seed=cfg.seed)
-        rm_metrics = train_reward_model(rm, tok, pairs, RMConfig(lr=cfg.rm_lr, max_steps=cfg.rm_steps,
-                                                               batch_size=cfg.rm_batch_size, log_every=10**9),
-                                        output_dir=out / "rm", seed=cfg.seed)
-        console.print(f"   held-out pairwise accuracy: {rm_metrics['heldout_accuracy_after']:.1%}")
+    rm_metrics = _reward_model_stage(cfg, lm, tok, out, max_new, console) if cfg.rlhf else None
 
     # 3. PPO with a separate critic.
     console.print(f"[bold]{3 if cfg.rlhf else 2}. PPO[/] for {ppo.iterations} iterations × {ppo.rollout.num_prompts} prompts")
@@ -256,13 +268,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
 
-    table = Table(title=f"ppo-lm demo ({'RLHF with a learned reward model' if cfg.rlhf else 'verifier reward'})")
-    table.add_column("held-out prompts")
-    table.add_column("greedy accuracy", justify="right")
-    table.add_row("after SFT", f"{acc_before:.1%}")
-    table.add_row(f"after PPO ({ppo.iterations} it.)", f"{acc_after:.1%}")
-    console.print(table)
-    console.print(f"wall time {wall:.0f} s; outputs in {out}/ (summary.json, diagnostics.png, ppo/metrics.jsonl)")
+    _print_summary(console, cfg, acc_before, acc_after, wall, out)
     return summary
 
 

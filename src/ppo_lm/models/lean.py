@@ -221,6 +221,63 @@ def _queries(t: Tensor, cut: int, pick: Tensor | None) -> Tensor:
     return t.gather(1, pick.view(*pick.shape, *([1] * (t.dim() - 2))).expand(-1, -1, *t.shape[2:]))
 
 
+def _attention_masks(body, attention_mask: Tensor, L: int, cache_pos: int, cached: bool, key_valid, segment_ids):
+    """Per-layer masks of :func:`forward_hidden`: ``(windows, masks)``, ``windows[i]`` layer i's sliding
+    window (None: full) and ``masks[w] = (mask, causal)``: mask (B, 1, L, total) bool or None, causal
+    (L, total) bool when the plain causal pattern is all there is, both None for one query over real keys."""
+    B, total, device = attention_mask.shape[0], cache_pos + L, attention_mask.device
+    q_pos = torch.arange(cache_pos, total, device=device)
+    k_pos = torch.arange(total, device=device)
+    if not cached and segment_ids is None and not bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+        key_valid = attention_mask.bool()  # some row is left-padded: mask its pad keys
+    mask = causal = None
+    if segment_ids is not None:  # block-diagonal causal (an empty slot sees the empty slots before it)
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        mask = (same & (k_pos[None, None, :] <= q_pos[None, :, None])).unsqueeze(1)  # (B, 1, L, L)
+    elif key_valid is not None:
+        allowed = key_valid[:, None, :] & (k_pos[None, None, :] <= q_pos[None, :, None])
+        # A left-pad query sees no real key; let it see itself so its (unused) output stays finite.
+        allowed |= k_pos[None, None, :] == q_pos[None, :, None]
+        mask = allowed.unsqueeze(1)  # (B, 1, L, total)
+    elif L > 1:
+        causal = k_pos[None, :] <= q_pos[:, None]
+    # Sliding-window layers: a window only changes anything once a query is ≥ window columns past a key.
+    windows = [w if w is not None and w < total else None for w in lean_support.windows(body.config, len(body.layers))]
+    masks = {None: (mask, causal)}
+    for w in set(windows) - {None}:
+        near = k_pos[None, :] > q_pos[:, None] - w  # (L, total), transformers' sliding_window_overlay
+        base = mask if mask is not None else (causal if causal is not None else near).view(1, 1, L, total)
+        masks[w] = ((base & near).expand(B, 1, L, total), None)
+    return windows, masks
+
+
+def _layer_qkv(a: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, cut: int, pick: Tensor | None, wi):
+    """Rotated q (B, L', n_q, hd) of the kept queries and k, v (B, L, n_kv, hd) of one attention layer
+    from its normed input x (B, L, d); L' = L − cut, or K with ``pick``. ``wi``: its :func:`fused_weights`."""
+    B, L = x.shape[:2]
+    n_q, n_kv, hd = _heads(a)
+    if not cut and pick is None:
+        w, b = (wi.qkv, wi.qkv_bias) if wi is not None else _qkv(a)
+        qkv = lora.plus(linear(x, w, b), lora.fused_delta(_separate(a, "q_proj", "k_proj", "v_proj"), x))
+        return split_qkv(a, qkv.view(B, L, n_q + 2 * n_kv, hd), n_q, n_kv, cos, sin)
+    if "qkv_proj" in a._modules:
+        w, b = a.qkv_proj.weight, a.qkv_proj.bias
+        wq, bq = w[: n_q * hd], None if b is None else b[: n_q * hd]
+        w, b = w[n_q * hd :], None if b is None else b[n_q * hd :]
+    else:
+        base_q = lora.plain_linear(a.q_proj)
+        wq, bq = base_q.weight, base_q.bias
+        w, b = _fused([a.k_proj, a.v_proj])
+    kv = lora.plus(linear(x, w, b), lora.fused_delta(_separate(a, "k_proj", "v_proj"), x)).view(B, L, 2 * n_kv, hd)
+    k, v = kv.split([n_kv, n_kv], dim=2)  # split (not slicing): its backward is one cat
+    xq = _queries(x, cut, pick)
+    q = lora.plus(linear(xq, wq, bq), lora.fused_delta(_separate(a, "q_proj"), xq)).view(B, xq.shape[1], n_q, hd)
+    q_norm = a._modules.get("q_norm")
+    if q_norm is not None:
+        q, k = _rms(q, q_norm), _rms(k, a.k_norm)
+    return _rotate(q, _queries(cos, cut, pick), _queries(sin, cut, pick)), _rotate(k, cos, sin), v
+
+
 def forward_hidden(
     body: nn.Module,
     input_ids: Tensor,
@@ -262,36 +319,12 @@ def forward_hidden(
     cos, sin = cos_sin[0][position_ids].unsqueeze(2), cos_sin[1][position_ids].unsqueeze(2)
 
     total = cache_pos + L
-    q_pos = torch.arange(cache_pos, total, device=h.device)
-    k_pos = torch.arange(total, device=h.device)
-    if cache is None and segment_ids is None and not bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
-        key_valid = attention_mask.bool()  # some row is left-padded: mask its pad keys
-    mask = causal = None  # causal: (L, total) when the plain causal pattern is all there is
-    if segment_ids is not None:  # block-diagonal causal (an empty slot sees the empty slots before it)
-        same = segment_ids[:, :, None] == segment_ids[:, None, :]
-        mask = (same & (k_pos[None, None, :] <= q_pos[None, :, None])).unsqueeze(1)  # (B, 1, L, L)
-    elif key_valid is not None:
-        allowed = key_valid[:, None, :] & (k_pos[None, None, :] <= q_pos[None, :, None])
-        # A left-pad query sees no real key; let it see itself so its (unused) output stays finite.
-        allowed |= k_pos[None, None, :] == q_pos[None, :, None]
-        mask = allowed.unsqueeze(1)  # (B, 1, L, total)
-    elif L > 1:
-        causal = k_pos[None, :] <= q_pos[:, None]
-    # (single new query over real keys: no mask at all)
+    windows, masks = _attention_masks(body, attention_mask, L, cache_pos, cache is not None, key_valid, segment_ids)
 
     n = len(body.layers)
-    # Sliding-window layers: a window only changes anything once a query is ≥ window columns past a key.
-    windows = [w if w is not None and w < total else None for w in lean_support.windows(body.config, n)]
-    masks = {None: (mask, causal)}  # window → (mask, causal) of its layers
-    for w in set(windows) - {None}:
-        near = k_pos[None, :] > q_pos[:, None] - w  # (L, total), transformers' sliding_window_overlay
-        base = mask if mask is not None else (causal if causal is not None else near).view(1, 1, L, total)
-        masks[w] = ((base & near).expand(B, 1, L, total), None)
-
     for i, layer in enumerate(body.layers):
         a, m = layer.self_attn, layer.mlp
-        n_q, n_kv, hd = _heads(a)
-        q_norm = a._modules.get("q_norm")
+        wi = weights[i] if weights is not None else None
         last = i == n - 1
         cut = keep_from if last else 0  # queries before `cut` are never read after this layer
         pick = keep_index if last else None
@@ -299,27 +332,7 @@ def forward_hidden(
 
         residual = _queries(h, cut, pick)
         x = _rms(h, layer.input_layernorm)
-        if cut or pick is not None:
-            if "qkv_proj" in a._modules:
-                w, b = a.qkv_proj.weight, a.qkv_proj.bias
-                wq, bq = w[: n_q * hd], None if b is None else b[: n_q * hd]
-                w, b = w[n_q * hd :], None if b is None else b[n_q * hd :]
-            else:
-                base_q = lora.plain_linear(a.q_proj)
-                wq, bq = base_q.weight, base_q.bias
-                w, b = _fused([a.k_proj, a.v_proj])
-            kv = lora.plus(linear(x, w, b), lora.fused_delta(_separate(a, "k_proj", "v_proj"), x)).view(B, L, 2 * n_kv, hd)
-            k, v = kv.split([n_kv, n_kv], dim=2)  # split (not slicing): its backward is one cat
-            xq = _queries(x, cut, pick)
-            q = lora.plus(linear(xq, wq, bq), lora.fused_delta(_separate(a, "q_proj"), xq)).view(B, xq.shape[1], n_q, hd)
-            if q_norm is not None:
-                q, k = _rms(q, q_norm), _rms(k, a.k_norm)
-            q = _rotate(q, _queries(cos, cut, pick), _queries(sin, cut, pick))
-            k = _rotate(k, cos, sin)
-        else:
-            w, b = (weights[i].qkv, weights[i].qkv_bias) if weights is not None else _qkv(a)
-            qkv = lora.plus(linear(x, w, b), lora.fused_delta(_separate(a, "q_proj", "k_proj", "v_proj"), x))
-            q, k, v = split_qkv(a, qkv.view(B, L, n_q + 2 * n_kv, hd), n_q, n_kv, cos, sin)
+        q, k, v = _layer_qkv(a, x, cos, sin, cut, pick, wi)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             cache.k[i][:, :, cache_pos:total] = k
@@ -333,8 +346,7 @@ def forward_hidden(
             out = _attend(q, k, v, causal_i[cut:].view(1, 1, L - cut, total), not cut, a.scaling)
         else:
             out = _attend(q, k, v, None, False, a.scaling)
-        out = out.transpose(1, 2).reshape(B, -1, n_q * hd)
-        wi = weights[i] if weights is not None else None
+        out = out.transpose(1, 2).flatten(2)  # (B, L', n_q · hd)
         h = residual + (_proj(a.o_proj, out) if wi is None else _proj(a.o_proj, out, wi.o, wi.o_bias))
         x = _rms(h, layer.post_attention_layernorm)
         if wi is not None:

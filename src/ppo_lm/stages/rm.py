@@ -221,6 +221,63 @@ def evaluate_pairs(model, pairs, pad_id: int, batch_size: int) -> dict[str, floa
     return {"accuracy": correct / n, "loss": loss / n, "margin": margin / n}
 
 
+def _load_rm_rows(tokenizer, rows, cfg: RMConfig, eval_rows, reference_rows, seed: int):
+    """The training and held-out pairs and the normalisation reference (None: the pairs' own sides)."""
+    rows = load_preference_rows(rows, name="preference data")
+    check_chat_template(tokenizer, rows, "preference data")
+    ref = None
+    if cfg.normalize and reference_rows is not None:
+        ref = load_sft_rows(reference_rows, name="reward reference data")
+        check_chat_template(tokenizer, ref, "reward reference data")
+    if eval_rows is not None:
+        held_rows = load_preference_rows(eval_rows, name="preference eval data")
+        check_chat_template(tokenizer, held_rows, "preference eval data")
+        return rows, held_rows, ref
+    train_rows, held_rows = split_rows(rows, cfg.heldout_fraction, seed)
+    return train_rows, held_rows, ref
+
+
+def _fit_pairs(model, train_pairs, pad_id: int, cfg: RMConfig, n_steps: int, seed: int, log_fn):
+    """The Bradley–Terry loop: ``-log σ(r(chosen) - r(rejected))`` per batch; per-step losses and accuracies."""
+    opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
+    sched = make_scheduler(opt, cfg.schedule, cfg.warmup_steps, n_steps)
+    model.train()
+    losses: list[float] = []
+    accs: list[float] = []
+    for step, idx in enumerate(batch_indices(len(train_pairs), cfg.batch_size, n_steps, seed), start=1):
+        rc, rr = _pair_scores(model, [train_pairs[i] for i in idx], pad_id)
+        loss = -F.logsigmoid(rc - rr).mean()
+        grad_norm = optimizer_step(model, opt, sched, loss, cfg.max_grad_norm, what="reward-model", step=step)
+        losses.append(loss.item())
+        accs.append(float((rc > rr).float().mean()))
+        entry = window_log_entry(
+            "rm", step, n_steps, cfg.log_every, sched, grad_norm, loss=losses, accuracy=accs
+        )
+        if entry is not None:
+            logger.info("rm step %d/%d loss %.4f acc %.3f", step, n_steps, entry["loss"], entry["accuracy"])
+            if log_fn is not None:
+                log_fn(entry)
+    return losses, accs
+
+
+def _renormalize(model, tokenizer, cfg: RMConfig, train_rows, ref) -> tuple[float | None, float | None]:
+    """Drop any stored normalisation (the scores changed) and, with ``cfg.normalize``, fit a new one."""
+    for key in (MEAN_KEY, STD_KEY):
+        if hasattr(model.config, key):
+            delattr(model.config, key)
+    if not cfg.normalize:
+        return None, None
+    if ref is not None:
+        prompts, responses = [r["prompt"] for r in ref], [r["response"] for r in ref]
+    else:
+        prompts = [r["prompt"] for r in train_rows] * 2
+        responses = [r["chosen"] for r in train_rows] + [r["rejected"] for r in train_rows]
+    with naming("reward reference data" if ref is not None else "preference data"):
+        return normalize_reward_model(
+            model, tokenizer, prompts, responses, cfg.eval_batch_size, add_special_tokens=cfg.add_special_tokens
+        )
+
+
 def train_reward_model(
     model,
     tokenizer,
@@ -253,17 +310,7 @@ def train_reward_model(
     """
     cfg = cfg or RMConfig()
     check_stage_config(cfg, "rm")
-    rows = load_preference_rows(rows, name="preference data")
-    check_chat_template(tokenizer, rows, "preference data")
-    ref = None
-    if cfg.normalize and reference_rows is not None:
-        ref = load_sft_rows(reference_rows, name="reward reference data")
-        check_chat_template(tokenizer, ref, "reward reference data")
-    if eval_rows is not None:
-        train_rows, held_rows = rows, load_preference_rows(eval_rows, name="preference eval data")
-        check_chat_template(tokenizer, held_rows, "preference eval data")
-    else:
-        train_rows, held_rows = split_rows(rows, cfg.heldout_fraction, seed)
+    train_rows, held_rows, ref = _load_rm_rows(tokenizer, rows, cfg, eval_rows, reference_rows, seed)
     if getattr(model.config, "num_labels", 1) != 1:
         raise InputError(f"the reward model needs num_labels=1, got {model.config.num_labels}")
     pad_id = _pad_id(tokenizer)
@@ -279,47 +326,11 @@ def train_reward_model(
     was_training = model.training
     torch.manual_seed(seed)
     before = evaluate_pairs(model, held_pairs, pad_id, cfg.eval_batch_size)
-    opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
-    sched = make_scheduler(opt, cfg.schedule, cfg.warmup_steps, n_steps)
-    model.train()
-    losses: list[float] = []
-    accs: list[float] = []
     t0 = time.perf_counter()
-    for step, idx in enumerate(batch_indices(len(train_pairs), cfg.batch_size, n_steps, seed), start=1):
-        rc, rr = _pair_scores(model, [train_pairs[i] for i in idx], pad_id)
-        loss = -F.logsigmoid(rc - rr).mean()
-        grad_norm = optimizer_step(model, opt, sched, loss, cfg.max_grad_norm, what="reward-model", step=step)
-        losses.append(loss.item())
-        accs.append(float((rc > rr).float().mean()))
-        entry = window_log_entry(
-            "rm", step, n_steps, cfg.log_every, sched, grad_norm, loss=losses, accuracy=accs
-        )
-        if entry is not None:
-            logger.info("rm step %d/%d loss %.4f acc %.3f", step, n_steps, entry["loss"], entry["accuracy"])
-            if log_fn is not None:
-                log_fn(entry)
+    losses, accs = _fit_pairs(model, train_pairs, pad_id, cfg, n_steps, seed, log_fn)
     wall = time.perf_counter() - t0
     after = evaluate_pairs(model, held_pairs, pad_id, cfg.eval_batch_size)
-
-    reward_mean = reward_std = None
-    for key in (MEAN_KEY, STD_KEY):  # scores changed, so any earlier normalisation is stale
-        if hasattr(model.config, key):
-            delattr(model.config, key)
-    if cfg.normalize:
-        if ref is not None:
-            prompts, responses = [r["prompt"] for r in ref], [r["response"] for r in ref]
-        else:
-            prompts = [r["prompt"] for r in train_rows] * 2
-            responses = [r["chosen"] for r in train_rows] + [r["rejected"] for r in train_rows]
-        with naming("reward reference data" if ref is not None else "preference data"):
-            reward_mean, reward_std = normalize_reward_model(
-                model,
-                tokenizer,
-                prompts,
-                responses,
-                cfg.eval_batch_size,
-                add_special_tokens=cfg.add_special_tokens,
-            )
+    reward_mean, reward_std = _renormalize(model, tokenizer, cfg, train_rows, ref)
     model.train(was_training)
 
     metrics = {

@@ -120,6 +120,30 @@ def _encode_rows(tokenizer, rows, cfg: SFTConfig):
     return examples, skipped
 
 
+def _fit_sft(model, train_ex, pad_id: int, cfg: SFTConfig, n_steps: int, seed: int, log_fn) -> tuple[list[float], int]:
+    """The SFT loop: response-token NLL per batch; per-step losses and the response tokens trained on."""
+    device = model_device(model)
+    opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
+    sched = make_scheduler(opt, cfg.schedule, cfg.warmup_steps, n_steps)
+    model.train()
+    losses: list[float] = []
+    tokens = 0
+    t0 = time.perf_counter()
+    for step, idx in enumerate(batch_indices(len(train_ex), cfg.batch_size, n_steps, seed), start=1):
+        batch = {k: v.to(device) for k, v in collate_sft([train_ex[i] for i in idx], pad_id).items()}
+        loss, n_tok = sft_loss(model, batch)
+        grad_norm = optimizer_step(model, opt, sched, loss, cfg.max_grad_norm, what="SFT", step=step)
+        losses.append(loss.item())
+        tokens += n_tok
+        entry = window_log_entry("sft", step, n_steps, cfg.log_every, sched, grad_norm, loss=losses)
+        if entry is not None:
+            entry["tokens_per_s"] = tokens / max(time.perf_counter() - t0, 1e-9)
+            logger.info("sft step %d/%d loss %.4f", step, n_steps, entry["loss"])
+            if log_fn is not None:
+                log_fn(entry)
+    return losses, tokens
+
+
 def train_sft(
     model,
     tokenizer,
@@ -162,28 +186,11 @@ def train_sft(
     n_steps = total_steps(len(train_ex), cfg.batch_size, cfg.epochs, cfg.max_steps)
 
     was_training = model.training
-    device = model_device(model)
     torch.manual_seed(seed)  # dropout, if the model has any
     heldout_before = evaluate_sft_loss(model, held_ex, pad_id, cfg.eval_batch_size)
 
-    opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
-    sched = make_scheduler(opt, cfg.schedule, cfg.warmup_steps, n_steps)
-    model.train()
-    losses: list[float] = []
-    tokens = 0
     t0 = time.perf_counter()
-    for step, idx in enumerate(batch_indices(len(train_ex), cfg.batch_size, n_steps, seed), start=1):
-        batch = {k: v.to(device) for k, v in collate_sft([train_ex[i] for i in idx], pad_id).items()}
-        loss, n_tok = sft_loss(model, batch)
-        grad_norm = optimizer_step(model, opt, sched, loss, cfg.max_grad_norm, what="SFT", step=step)
-        losses.append(loss.item())
-        tokens += n_tok
-        entry = window_log_entry("sft", step, n_steps, cfg.log_every, sched, grad_norm, loss=losses)
-        if entry is not None:
-            entry["tokens_per_s"] = tokens / max(time.perf_counter() - t0, 1e-9)
-            logger.info("sft step %d/%d loss %.4f", step, n_steps, entry["loss"])
-            if log_fn is not None:
-                log_fn(entry)
+    losses, tokens = _fit_sft(model, train_ex, pad_id, cfg, n_steps, seed, log_fn)
     wall = time.perf_counter() - t0
 
     heldout_after = evaluate_sft_loss(model, held_ex, pad_id, cfg.eval_batch_size)
