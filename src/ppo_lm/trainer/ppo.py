@@ -37,7 +37,7 @@ from ..rollout.sampling import SamplingParams
 from ..runtime import distributed as dist
 from ..runtime.errors import UserError
 from ..runtime.timing import Timer
-from . import adapters, builders, console, credit, sizing
+from . import adapters, builders, console, credit, schedule, sizing
 from .config import TrainConfig
 from .config_io import dump_yaml, to_dict
 from .diagnostics import rollout_metrics
@@ -194,20 +194,11 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------------------
     def prompts_for(self, iteration: int) -> list[dict]:
-        """This rank's prompt rows for ``iteration`` (1-based): a fixed function of the iteration, so a
-        resumed run sees the same data. Each pass over the data uses a fresh seeded permutation."""
-        n = len(self.prompt_rows)
-        per_iter = self.cfg.rollout.num_prompts
-        local = per_iter // self.world
-        start = (iteration - 1) * per_iter + self.rank * local
-        rows = []
-        for pos in range(start, start + local):
-            epoch, i = divmod(pos, n)
-            if self.cfg.data.shuffle:
-                perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.cfg.seed + 7919 * epoch))
-                i = int(perm[i])
-            rows.append(self.prompt_rows[i])
-        return rows
+        """This rank's prompt rows for ``iteration`` (1-based), trainer/schedule.py."""
+        c = self.cfg
+        return [self.prompt_rows[i] for i in schedule.prompt_indices(
+            len(self.prompt_rows), iteration, per_iteration=c.rollout.num_prompts, rank=self.rank,
+            world=self.world, seed=c.seed, shuffle=c.data.shuffle)]
 
     def train_iteration(self, iteration: int) -> Iteration:
         """One PPO iteration: rollout, then :meth:`learn` from it. Returns the iteration's metrics and
@@ -217,10 +208,8 @@ class PPOTrainer:
         return self.learn(batch, iteration, timer)
 
     def episode_seeds(self, iteration: int, n: int) -> list[int]:
-        """A seed per episode of this rank's share of ``iteration``: a fixed function of the run's seed,
-        the iteration and the episode, so a resumed run's environments replay the same episodes."""
-        base = (self.cfg.seed * 1_000_003 + iteration) * 10_007 + self.rank * n
-        return [base + i for i in range(n)]
+        """A seed per episode of this rank's share of ``iteration`` (trainer/schedule.py)."""
+        return schedule.episode_seeds(self.cfg.seed, iteration, self.rank, n)
 
     def rollout(self, iteration: int, timer: Timer | None = None) -> RolloutBatch:
         # 1. Rollout: sample with π_old, then score with π_old, π_ref, V_old and the reward — or, with an
