@@ -54,7 +54,10 @@ def test_compare_writes_the_summary_the_table_and_the_curves(tmp_path, monkeypat
     md = (out / "summary.md").read_text()
     rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| estimator")]
     assert [r.split("|")[1:3] for r in rows] == [[" gae ", " 8 × 1 "], [" grpo ", " 4 × 2 "]]
-    assert rows[0].endswith("| 3 (policy, reference, critic) |") and rows[1].endswith("| 2 (policy, reference) |")
+    assert "| 3 (policy, reference, critic) | " in rows[0] and rows[1].endswith("| 2 (policy, reference) | — |")
+    # the critic's diagnostics: GAE's runs have them (the cell's figures: the tests below), GRPO's none
+    assert all((r["critic"] is None) == (r["estimator"] == "grpo") for r in s["runs"])
+    assert not rows[0].endswith("| — |")
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "sft" / "model.safetensors").is_file() and (out / "heldout.jsonl").is_file()
     assert "| gae |" in capsys.readouterr().out
@@ -232,6 +235,30 @@ def test_run_record_curves_over_tokens_and_over_training_seconds(tmp_path):
     assert r["wall_curves"]["eval_score"] == [[2.0, 0.1], [15.0, 0.3]]
 
 
+def test_the_critics_record_against_a_hand_calculation(tmp_path):
+    """Explained variance and value loss over the last eighth of the iterations, and the first iteration
+    whose explained variance reaches 0.1; a run without a critic has no record."""
+    from ppo_lm.reporting.compare_report import critic_record, run_record
+
+    evs = [0.0, -0.05, 0.02, 0.08, float("nan"), 0.12, 0.05, 0.2, 0.3, 0.25, 0.3, 0.35, 0.4, 0.3, 0.5, 0.45, 0.6]
+    its = [{"iteration": i + 1, "explained_variance": ev, "value_loss": 0.1 * (i + 1)} for i, ev in enumerate(evs)]
+    c = critic_record(its)
+    # 16 finite iterations (the NaN of iteration 5 left out): the last 16 // 8 = 2 are iterations 16 and 17
+    assert c["explained_variance_late"] == pytest.approx((0.45 + 0.6) / 2)
+    assert c["value_loss_late"] == pytest.approx((1.6 + 1.7) / 2)
+    assert c["late_iterations"] == [16, 17] and c["first_learns"] == 6
+    assert critic_record(its[:4])["first_learns"] is None  # never reached 0.1
+    assert critic_record(its[:3])["late_iterations"] == [3, 3]  # at least one iteration
+    assert critic_record([{"iteration": 1, "score": 0.5}]) is None  # no critic
+    assert critic_record([{"iteration": 1, "explained_variance": None}])["explained_variance_late"] is None
+    rows = [{"iteration": 0, "eval_score": 0.1},
+            {"iteration": 1, "response_length_mean": 2.0, "explained_variance": 0.15, "value_loss": 0.2,
+             "eval_score": 0.2}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run_record(tmp_path / "m.jsonl", episodes_per_iteration=4)
+    assert r["critic"]["first_learns"] == 1 and r["curves"]["explained_variance"] == [[8.0, 0.15]]
+
+
 def test_compare_on_an_environment(tmp_path, monkeypatch, capsys):
     """--env gives every run the environment: episodes of several turns, held-out episodes scored by
     their return, the table saying so."""
@@ -263,3 +290,21 @@ def test_the_table_gives_no_spread_for_one_seed():
     assert "the mean alone where one seed ran" in summary([0])
     two = summary([0, 1]).splitlines()[-1]
     assert "| 46.0 ± 0.0 % | 92.0 ± 2.8 % | +46.0 ± 2.8 |" in two and "3001 ± 1 s" in two
+
+
+def test_the_table_gives_the_critics_explained_variance_and_where_it_first_learned():
+    runs = [{"estimator": est, "seed": seed, "accuracy_before": 0.3, "accuracy_after": 0.5, "sampled_tokens": 4e4,
+             "wall_s": 100.0, "peak_rss_mb": 9e3, "models_held": ["policy", "reference"],
+             "critic": {"explained_variance_late": 0.3 + 0.1 * seed, "first_learns": [9, None][seed]}
+             if est == "gae" else None} for seed in (0, 1) for est in ("gae", "grpo")]
+    settings = {"iterations": 30, "episodes": 64, "layout": "natural", "max_new_tokens": 32, "env": None,
+                "policy": "m.gguf", "eval_prompts": "h.jsonl", "seeds": [0, 1], "layouts": {"gae": (64, 1), "grpo": (8, 8)}}
+    s = summarize(runs)
+    assert s["gae"]["explained_variance_late"]["mean"] == pytest.approx(0.35) and s["gae"]["first_learns"] == [9, None]
+    assert "explained_variance_late" not in s["grpo"]
+    gae, grpo = summary_markdown({"estimators": s, "settings": settings}).splitlines()[-2:]
+    # 0.3 and 0.4: mean 0.35, sample std 0.1 / √2 ≈ 0.07
+    assert gae.endswith("| 0.35 ± 0.07; ≥ 0.1 from iteration 9 / never |") and grpo.endswith("| — |")
+    s["gae"]["explained_variance_late"] = None  # every iteration's returns alike: no explained variance
+    assert summary_markdown({"estimators": s, "settings": settings}).splitlines()[-2].endswith(
+        "| undefined: the returns never varied |")

@@ -16,8 +16,14 @@ CURVES: list[tuple[str, str]] = [
     ("eval_score", "held-out accuracy (greedy)"),
     ("ref_kl", "KL(π ‖ π_ref) per response"),
     ("response_length_mean", "response length (tokens)"),
+    ("explained_variance", "critic's explained variance"),
 ]
-"""The panels of curves.png: a metrics.jsonl key and its title."""
+"""The panels of curves.png: a metrics.jsonl key and its title (a run without a critic logs no
+explained variance and draws no line on that panel)."""
+
+EV_LEARNS = 0.1
+"""The explained variance from which a critic is counted as telling episodes apart
+(docs/critic.md: on the pretrained tasks GAE's held-out accuracy starts to climb past it)."""
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -58,7 +64,29 @@ def run_record(metrics_path: str | Path, episodes_per_iteration: int) -> dict:
     return {"accuracy_before": before, "accuracy_after": its[-1]["eval_score"], "iterations": its[-1]["iteration"],
             "sampled_tokens": round(tokens), "train_s": seconds,
             "curves": {key: curve(key, cum) for key, _ in CURVES},
-            "wall_curves": {key: curve(key, wall) for key, _ in CURVES}}
+            "wall_curves": {key: curve(key, wall) for key, _ in CURVES},
+            "critic": critic_record(its)}
+
+
+def critic_record(its: list[dict]) -> dict | None:
+    """The critic's diagnostics of one run, from its iterations' metrics (None for a run without a
+    critic, which logs no ``explained_variance``): the mean explained variance and value loss over the
+    last eighth of the iterations with a finite explained variance (50 of 400; at least one), and the
+    first iteration whose explained variance reaches :data:`EV_LEARNS` (None if none does) — where the
+    critic's baseline starts to tell episodes apart rather than track the mean return. An iteration
+    whose returns did not vary logs no explained variance (null); a run with none is all None."""
+    if not any("explained_variance" in r for r in its):
+        return None
+    rows = [r for r in its if isinstance(r.get("explained_variance"), (int, float))
+            and math.isfinite(r["explained_variance"])]
+    if not rows:
+        return {"explained_variance_late": None, "value_loss_late": None, "late_iterations": None,
+                "first_learns": None}
+    late = rows[-max(1, len(rows) // 8):]
+    return {"explained_variance_late": sum(r["explained_variance"] for r in late) / len(late),
+            "value_loss_late": sum(r.get("value_loss", math.nan) for r in late) / len(late),
+            "late_iterations": [late[0]["iteration"], late[-1]["iteration"]],
+            "first_learns": next((r["iteration"] for r in rows if r["explained_variance"] >= EV_LEARNS), None)}
 
 
 def summarize(runs: list[dict]) -> dict[str, dict]:
@@ -72,6 +100,11 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
         out[name]["gain"] = spread([r["accuracy_after"] - r["accuracy_before"] for r in mine])
         out[name]["seeds"] = [r["seed"] for r in mine]
         out[name]["models_held"] = mine[0]["models_held"]
+        critics = [r.get("critic") for r in mine]
+        if all(critics):
+            late = [c["explained_variance_late"] for c in critics if c["explained_variance_late"] is not None]
+            out[name]["explained_variance_late"] = spread(late) if late else None
+            out[name]["first_learns"] = [c["first_learns"] for c in critics]
     return out
 
 
@@ -87,6 +120,18 @@ def _pct(s: dict) -> str:
 
 def _tokens(n: float) -> str:
     return f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e3 else f"{n:.0f}"
+
+
+def _critic_cell(e: dict) -> str:
+    """The explained variance over the last eighth of the run (mean over the seeds where it is
+    defined), and per seed the first iteration it reached :data:`EV_LEARNS` ("never" where it did not);
+    "—" for an estimator without a critic."""
+    if "explained_variance_late" not in e:
+        return "—"
+    if e["explained_variance_late"] is None:
+        return "undefined: the returns never varied"
+    firsts = " / ".join("never" if f is None else str(f) for f in e["first_learns"])
+    return f"{_pm(e['explained_variance_late'], 1, '.2f')}; ≥ {EV_LEARNS} from iteration {firsts}"
 
 
 def summary_markdown(summary: dict) -> str:
@@ -105,8 +150,8 @@ def summary_markdown(summary: dict) -> str:
         (", the mean alone where one seed ran." if len(s["seeds"]) < 2 else "."),
         "",
         "| estimator | prompts × samples | held-out accuracy before | after | gain (points) | sampled tokens per run "
-        "| wall time per run | peak RSS per run | models held |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| wall time per run | peak RSS per run | models held | critic's explained variance, last 1/8 of the run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, e in summary["estimators"].items():
         g = e["gain"]
@@ -116,7 +161,7 @@ def summary_markdown(summary: dict) -> str:
             f"| {name} | {prompts} × {samples} | {_pct(e['accuracy_before'])} | {_pct(e['accuracy_after'])} | "
             f"{_pm(g, 100, '+.1f')} | {_tokens(e['sampled_tokens']['mean'])} | "
             f"{_pm(e['wall_s'], 1, '.0f')} s | {e['peak_rss_mb']['mean']:.0f} MB | "
-            f"{len(models)} ({', '.join(models)}) |")
+            f"{len(models)} ({', '.join(models)}) | {_critic_cell(e)} |")
     return "\n".join(lines) + "\n"
 
 
