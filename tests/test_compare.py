@@ -304,7 +304,7 @@ def test_the_table_gives_the_critics_explained_variance_and_where_it_first_learn
     assert "explained_variance_late" not in s["grpo"]
     gae, grpo = summary_markdown({"estimators": s, "settings": settings}).splitlines()[-2:]
     # 0.3 and 0.4: mean 0.35, sample std 0.1 / √2 ≈ 0.07
-    assert gae.endswith("| 0.35 ± 0.07; ≥ 0.1 from iteration 9 / never |") and grpo.endswith("| — |")
+    assert gae.endswith("| 0.35 ± 0.07; first ≥ 0.1 at iteration 9 / never |") and grpo.endswith("| — |")
     s["gae"]["explained_variance_late"] = None  # every iteration's returns alike: no explained variance
     assert summary_markdown({"estimators": s, "settings": settings}).splitlines()[-2].endswith(
         "| undefined: the returns never varied |")
