@@ -271,8 +271,10 @@ def test_compare_on_an_environment(tmp_path, monkeypatch, capsys):
     for est in ("gae", "rloo"):
         rows = [json.loads(x) for x in (out / "runs" / f"{est}-seed0" / "metrics.jsonl").read_text().splitlines()]
         assert all(r["turns_mean"] >= 1 for r in rows[1:]) and "eval_turns" in rows[0]
-    assert "environment builtin:equations_retry; held-out accuracy: the mean return of greedy episodes" in \
-        (out / "summary.md").read_text()
+    md = (out / "summary.md").read_text()
+    assert "environment builtin:equations_retry; held-out mean return: greedy episodes" in md
+    assert "| held-out mean return before |" in md and "%" not in md.splitlines()[-1]
+    assert "held-out mean return " in capsys.readouterr().out  # each run's line too
 
 
 def test_the_table_gives_no_spread_for_one_seed():
@@ -308,3 +310,54 @@ def test_the_table_gives_the_critics_explained_variance_and_where_it_first_learn
     s["gae"]["explained_variance_late"] = None  # every iteration's returns alike: no explained variance
     assert summary_markdown({"estimators": s, "settings": settings}).splitlines()[-2].endswith(
         "| undefined: the returns never varied |")
+
+
+def _env_table(env, max_new_tokens=32, seeds=(0, 1)):
+    runs = [{"estimator": "rloo", "seed": seed, "accuracy_before": 0.5, "accuracy_after": 2.5 + seed,
+             "sampled_tokens": 4e4, "wall_s": 100.0, "peak_rss_mb": 9e3, "models_held": ["policy", "reference"]}
+            for seed in seeds]
+    settings = {"iterations": 30, "episodes": 64, "layout": "natural", "max_new_tokens": max_new_tokens, "env": env,
+                "policy": "m.gguf", "eval_prompts": "h.jsonl", "seeds": list(seeds), "layouts": {"rloo": (16, 4)}}
+    return summary_markdown({"estimators": summarize(runs), "settings": settings})
+
+
+def test_on_an_environment_the_table_gives_mean_returns_in_their_own_units():
+    """A held-out mean return of 2.5 is not 250 %, nor its gain +200 points: plain numbers, headed
+    'mean return'."""
+    md = _env_table("builtin:equations_retry")
+    header, row = md.splitlines()[-3], md.splitlines()[-1]
+    assert "| held-out mean return before | after | gain (return) |" in header
+    # after: 2.5 and 3.5, mean 3.0, sample std 1/√2 ≈ 0.707; gains 2.0 and 3.0
+    assert "| 0.500 ± 0.000 | 3.000 ± 0.707 | +2.500 ± 0.707 |" in row and "%" not in row
+    assert "environment builtin:equations_retry; held-out mean return: greedy episodes, on h.jsonl" in md
+    assert "× ≤ 32 tokens a turn for every run" in md
+    plain = _env_table(None)
+    assert "| held-out accuracy before | after | gain (points) |" in plain and "| 50.0 ± 0.0 % |" in plain
+
+
+def test_an_auto_response_limit_is_not_written_as_a_number():
+    """`auto` is resolved by each run from its policy's size: the table leaves the limit out rather than
+    print '≤ auto tokens'."""
+    md = _env_table(None, max_new_tokens="auto")
+    assert "auto" not in md and "≤" not in md.splitlines()[2]
+    assert "30 iterations × 64 episodes (each estimator in its own layout: prompts × samples per prompt below) " \
+           "for every run; start: m.gguf" in md
+
+
+def test_compare_on_an_environment_of_your_own_task_needs_no_reward(tmp_path, saved_policy, capsys):
+    """With --env the environment is the reward: --prompts needs no --reward, and a --reward (which
+    would go unused) is refused before any run."""
+    rows = [{"prompt": f"Solve {a}x+1={a * 2 + 1}\n", "answer": "2"} for a in range(1, 9)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    own = ["--policy", str(saved_policy), "--prompts", str(tmp_path / "p.jsonl"),
+           "--eval-prompts", str(tmp_path / "p.jsonl"), "--env", "builtin:equations_retry"]
+    c = compare.parse_args(["--estimators", "gae,rloo", "--output-dir", str(tmp_path / "ok"), *own])
+    compare.check_compare(c)
+    assert compare.run_config(c, "rloo", 0).rollout.env == "builtin:equations_retry"
+    assert main(["compare", "--output-dir", str(tmp_path / "bad"), *own, "--reward", "r.py:score"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ppo-lm: error: --reward: with --env the environment's turn rewards are the reward") \
+        and "leave --reward out" in err and err.count("\n") == 1, err
+    assert main(["compare", "--output-dir", str(tmp_path / "bad2"), "--env", "builtin:equations_retry",
+                 "--reward", "r.py:score"]) == 2  # the built-in task as well
+    assert "leave --reward out" in capsys.readouterr().err

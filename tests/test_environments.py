@@ -16,10 +16,13 @@ from ppo_lm.rollout.environment import EnvError, Renderer
 from ppo_lm.trainer.ppo import PPOTrainer
 
 ENV = '''
-RECORD = []
+import json
+import os
+
 
 class Echo:
-    """Three turns; each turn's reward is its text's length; the answer names the turn."""
+    """Three turns; each turn's reward is its text's length; the answer names the turn. With ECHO_LOG
+    set, each step appends [seed, turn, text] to that file (the environment runs in worker processes)."""
 
     def reset(self, row, seed):
         self.n, self.seed = 0, seed
@@ -27,7 +30,9 @@ class Echo:
 
     def step(self, text):
         self.n += 1
-        RECORD.append((self.seed, self.n, text))
+        if os.environ.get("ECHO_LOG"):
+            with open(os.environ["ECHO_LOG"], "a") as f:
+                f.write(json.dumps([self.seed, self.n, text]) + "\\n")
         return (" ok%d:" % self.n, float(len(text)), self.n >= 3)
 
 
@@ -69,16 +74,17 @@ def turns_of(batch, i):
     return runs
 
 
-def test_token_in_token_out_and_the_turn_rewards(tmp_path, env_file):
+def test_token_in_token_out_and_the_turn_rewards(tmp_path, env_file, monkeypatch):
+    import json
+
+    monkeypatch.setenv("ECHO_LOG", str(tmp_path / "steps.jsonl"))
     tr = trainer(tmp_path, env_file)
-    import sys
-    record = sys.modules["ppo_lm_reward_echo_env"].RECORD
-    record.clear()
     b = tr.rollout(1)
+    record = [tuple(json.loads(line)) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     tok = tr.tokenizer
     assert b.action_mask is not None and b.episode_info["turns"].tolist() == [3] * b.size
     for i in range(b.size):
-        seed = tr.episode_seeds(1, b.size)[i]
+        seed = tr.episode_seeds(1)[i]
         texts = [t for s, _, t in sorted(r for r in record if r[0] == seed)]
         runs = turns_of(b, i)
         actions = [ids for a, ids in runs if a]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ppo_lm.trainer.schedule import episode_seeds, prompt_indices
+from ppo_lm.trainer.schedule import HELD_OUT, TRAIN, episode_seeds, group_seed, held_out_seeds, prompt_indices
 
 
 def naive(n, iteration, per_iteration, rank, world, seed, shuffle):
@@ -40,6 +40,41 @@ def test_one_epoch_covers_every_row_once_across_ranks(seed):
 
 
 def test_episode_seeds_are_distinct_across_ranks_and_iterations():
-    seeds = [s for it in (1, 2, 3) for r in (0, 1) for s in episode_seeds(7, it, r, 16)]
-    assert len(set(seeds)) == len(seeds)
-    assert episode_seeds(7, 2, 1, 16) == episode_seeds(7, 2, 1, 16)
+    seeds = [s for it in (1, 2, 3) for r in (0, 1)
+             for s in episode_seeds(7, it, per_iteration=32, rank=r, world=2)]
+    assert len(set(seeds)) == len(seeds) == 96
+    assert episode_seeds(7, 2, per_iteration=32, rank=1, world=2) == episode_seeds(7, 2, per_iteration=32, rank=1,
+                                                                                  world=2)
+
+
+def test_seeds_do_not_collide_at_scale():
+    """8 ranks × 2048 groups per iteration, 3 iterations, plus the held-out rows: every seed of the run
+    is distinct (the earlier formula's stride of 10,007 repeated 6,377 of iteration 2's seeds)."""
+    train = [s for it in (1, 2, 3) for r in range(8)
+             for s in episode_seeds(0, it, per_iteration=8 * 2048, rank=r, world=8)]
+    held_out = [s for r in range(8) for s in held_out_seeds(0, 5000, rank=r, world=8)]
+    assert len(train) == 3 * 8 * 2048 and len(held_out) == 5000
+    assert len(set(train) | set(held_out)) == len(train) + len(held_out)
+    assert all(0 <= s < 2**53 for s in train + held_out)
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_seeds_do_not_depend_on_the_number_of_ranks(world):
+    """The seeds of an iteration's groups, read in rank order, and the held-out rows' seeds, by row, are
+    those of one rank — even when the held-out rows do not divide evenly (5 rows on 2 ranks)."""
+    per = 24
+    one = episode_seeds(3, 2, per_iteration=per, rank=0, world=1)
+    assert [s for r in range(world) for s in episode_seeds(3, 2, per_iteration=per, rank=r, world=world)] == one
+    n = 5
+    by_row = {}
+    for r in range(world):
+        for row, s in zip(range(r, n, world), held_out_seeds(3, n, rank=r, world=world)):
+            by_row[row] = s
+    assert [by_row[i] for i in range(n)] == held_out_seeds(3, n, rank=0, world=1)
+    assert len(set(by_row.values())) == n
+
+
+def test_the_streams_and_runs_differ():
+    assert group_seed(0, TRAIN, 5) != group_seed(0, HELD_OUT, 5) != group_seed(1, TRAIN, 5)
+    with pytest.raises(ValueError):
+        group_seed(0, TRAIN, 2**40)

@@ -133,3 +133,59 @@ def test_the_calculator_example_trains_end_to_end(tmp_path, chat_tokenizer):
     m = tr.learn(b, 1).metrics
     assert 1 <= m["turns_mean"] <= 2 and torch.isfinite(torch.tensor(m["ref_kl"]))
     json.dumps(m)
+
+
+def test_the_models_mistakes_in_a_call_are_answered_not_raised():
+    """Deep JSON (RecursionError inside json), a result JSON cannot write, an unclosed <tool_call>: each is
+    an `error: …` tool message, and the episode goes on."""
+    deep = "[" * 100_000 + "]" * 100_000
+    (call,) = parse_tool_calls(f"<tool_call>{deep}</tool_call>")
+    assert call == "error: the tool call's JSON nests too deep"
+
+    def pairs(n: int) -> dict:
+        """Pairs.
+
+        Args:
+            n: how many
+        """
+        return {(i, i): i for i in range(n)}
+
+    out = run_tool_call({"pairs": pairs}, {"name": "pairs", "arguments": {"n": 2}}, 5.0)
+    assert out.startswith("error: the tool's result cannot be written as JSON (TypeError")
+    open_call = 'ok <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}'
+    assert parse_tool_calls(open_call) == ["error: a <tool_call> without its </tool_call>; a tool call is "
+                                           '<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>']
+    env = Calculator()
+    env.reset({"prompt": "2 + 3?", "answer": 5}, seed=0)
+    obs, reward, done = env.step(open_call)
+    assert obs[0]["content"].startswith("error: a <tool_call> without") and not done
+    closed_then_open = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call> <tool_call>'
+    assert [c if isinstance(c, str) else "call" for c in parse_tool_calls(closed_then_open)][0] == "call"
+    assert len(parse_tool_calls(closed_then_open)) == 2
+
+
+def test_a_tool_without_a_docstring_is_refused_before_any_model(tmp_path, capsys):
+    from ppo_lm.cli.main import main
+
+    f = tmp_path / "env.py"
+    f.write_text("from ppo_lm.rollout.tools import ToolEnv\n\n\ndef add(a: int, b: int) -> int:\n    return a + b\n\n\n"
+                 "class Env(ToolEnv):\n    tools = [add]\n")
+    code = main(["train", "--iterations", "1", "--log.no-tensorboard", "--rollout.env", f"{f}:Env",
+                 "--output-dir", str(tmp_path / "run")])
+    out = capsys.readouterr()
+    assert code == 2 and "tool 'add' cannot be described to the chat template" in out.err, out.err
+    assert "Traceback" not in out.err and "policy" not in out.out  # refused before the banner: no model loaded
+
+
+def test_a_template_that_refuses_the_tool_role_is_one_line(chat_tokenizer):
+    from ppo_lm.rollout.environment import EnvError
+
+    strict = ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+              "{{ raise_exception('Conversation roles must alternate user/assistant\\nand nothing else') }}{% endif %}"
+              "{{ m['content'] }}{% endfor %}")
+    r = Renderer(chat_tokenizer, strict)
+    _, history = r.first_prompt([{"role": "user", "content": "hi"}])
+    with pytest.raises(EnvError) as e:
+        r.observation(history, "x", None, [{"role": "tool", "content": "5"}])
+    assert "the chat template cannot render the environment's conversation (roles: user, assistant, tool)" in str(e.value)
+    assert "\n" not in str(e.value) and "TemplateError" in str(e.value)

@@ -171,6 +171,8 @@ def test_a_missing_or_stop_token_pad_is_replaced_by_a_free_special_token(tmp_pat
         (lambda p, r, **k: [math.nan] * len(p), "nan for prompt 'Solve"),
         (lambda p, r, **k: [1.0], "returned 1 scores for 8"),
         (lambda p, r, **k: None, "list of numbers"),
+        (lambda p, r, **k: ["0.5"] * len(p), r"entry 0 is of type str \('0.5'\); give a number"),
+        (lambda p, r, **k: [{"score": "1e3"}] * len(p), "Reward.score of type str"),
     ],
 )
 def test_bad_reward_function_stops_with_prompt(tmp_path, verifier, match):

@@ -59,7 +59,8 @@ class CompareConfig:
     prompts: str | None = None
     """Training prompts of your own task (`data.prompts`); None = the built-in task (or the file's)."""
     reward: str | None = None
-    """The reward of your own task (`model.reward`)."""
+    """The reward of your own task (`model.reward`); none with an environment, whose turn rewards are the
+    reward."""
     eval_prompts: str | None = None
     """Held-out prompts of your own task (`data.eval_prompts`), scored by the reward's verifier."""
     env: str | None = None
@@ -82,6 +83,11 @@ class CompareConfig:
     def own_task(self) -> bool:
         return self.prompts is not None or bool((self.file_settings.get("data") or {}).get("prompts"))
 
+    @property
+    def environment(self) -> str | None:
+        """The runs' environment: --env, or the --config file's `rollout.env`."""
+        return self.env or (self.file_settings.get("rollout") or {}).get("env")
+
 
 SMOKE_ITERATIONS = 2
 SMOKE_EVAL_PROMPTS = 8
@@ -100,6 +106,16 @@ def _csv(kind: type, what: str):
 
     parse.__name__ = what  # argparse names the type in "invalid … value"
     return parse
+
+
+def _switch(text: str) -> bool:
+    """A switch given a value, spelt as in YAML (``--overwrite false``, ``--smoke yes``)."""
+    from ..trainer.config_io import yaml_bool
+
+    return yaml_bool(text)
+
+
+_switch.__name__ = "boolean"  # argparse names the type in "invalid … value"
 
 
 def parse_args(argv: list[str]) -> CompareConfig:
@@ -122,14 +138,17 @@ def parse_args(argv: list[str]) -> CompareConfig:
     p.add_argument("--policy", default=None, help="start of every run: a model directory or .gguf file (default: "
                    "the demo's SFT policy, built once)")
     p.add_argument("--prompts", default=None, help="training prompts of your own task (as `data.prompts`)")
-    p.add_argument("--reward", default=None, help="reward of your own task (as `model.reward`)")
+    p.add_argument("--reward", default=None, help="reward of your own task (as `model.reward`; not with --env, "
+                   "whose turn rewards are the reward)")
     p.add_argument("--eval-prompts", "--eval_prompts", default=None,
                    help="held-out prompts of your own task (as `data.eval_prompts`)")
     p.add_argument("--env", default=None, help="a multi-turn environment for every run (as `rollout.env`), e.g. "
                    "builtin:equations_retry")
     p.add_argument("--output-dir", "--output_dir", default=d.output_dir, help=f"default {d.output_dir}/")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison's outputs in --output-dir")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes that run in seconds (wiring check): at most "
+    p.add_argument("--overwrite", nargs="?", const=True, default=False, type=_switch,
+                   help="replace an earlier comparison's outputs in --output-dir")
+    p.add_argument("--smoke", nargs="?", const=True, default=False, type=_switch,
+                   help="tiny sizes that run in seconds (wiring check): at most "
                    f"{SMOKE_ITERATIONS} iterations of 8 episodes, 4-token responses, {SMOKE_EVAL_PROMPTS} held-out prompts")
     a = p.parse_args(argv)
     cfg = CompareConfig(**{k: v for k, v in vars(a).items()})
@@ -157,14 +176,20 @@ def _check_numbers(cfg: CompareConfig) -> None:
 
 
 def _check_task(cfg: CompareConfig) -> None:
-    """A task of your own names its start, reward and held-out prompts (flags or the file)."""
+    """A task of your own names its start, reward and held-out prompts (flags or the file); with an
+    environment its turn rewards are the reward, so a --reward would go unused."""
+    env = cfg.environment
+    if env and cfg.reward is not None:
+        raise CompareError(f"--reward: with --env the environment's turn rewards are the reward ({env}; "
+                           "`model.reward` is not used); leave --reward out")
     if not cfg.own_task:
         return
     fm, fd = cfg.file_settings.get("model") or {}, cfg.file_settings.get("data") or {}
-    for flag, value, fix in (("--policy", cfg.policy or fm.get("policy"), "the model to start every run from"),
-                             ("--reward", cfg.reward or fm.get("reward"), "its verifier, e.g. rewards.py:correct"),
-                             ("--eval-prompts", cfg.eval_prompts or fd.get("eval_prompts"),
-                              "held-out prompts to measure every run on")):
+    needs = [("--policy", cfg.policy or fm.get("policy"), "the model to start every run from"),
+             # an environment is its own reward
+             ("--reward", cfg.reward or fm.get("reward") or env, "its verifier, e.g. rewards.py:correct"),
+             ("--eval-prompts", cfg.eval_prompts or fd.get("eval_prompts"), "held-out prompts to measure every run on")]
+    for flag, value, fix in needs:
         if not value:
             raise CompareError(f"--prompts: a task of your own needs {flag} ({fix}), or the --config file's setting")
 
@@ -251,14 +276,20 @@ def _settings(cfg: CompareConfig, runs: dict[str, TrainConfig]) -> dict:
     return {"estimators": cfg.estimators, "seeds": cfg.seeds, "iterations": cfg.iterations, "layout": cfg.layout,
             "episodes": cfg.episodes, "group_size": cfg.group_size,
             "layouts": {e: [r.rollout.num_prompts, r.rollout.samples_per_prompt] for e, r in runs.items()},
-            "max_new_tokens": first.rollout.max_new_tokens,
+            "max_new_tokens": first.rollout.max_new_tokens,  # "auto": each run resolves it from its policy
             "policy": cfg.policy or ("the demo's SFT policy (sft/)" if not cfg.own_task else first.model.policy),
             "eval_prompts": _eval_source(cfg, first), "threads": first.threads, "cpus": os.cpu_count(),
             "env": first.rollout.env}
 
 
 def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:
-    from ..reporting.compare_report import plot_curves, run_record, summarize, summary_markdown
+    from ..reporting.compare_report import (
+        held_out_value,
+        plot_curves,
+        run_record,
+        summarize,
+        summary_markdown,
+    )
 
     check_compare(cfg)
     out = Path(cfg.output_dir)
@@ -291,8 +322,9 @@ def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:
             r.update(estimator=est, seed=seed, wall_s=wall, peak_rss_mb=rss, models_held=models_held(run),
                      run_dir=run.output_dir)
             runs.append(r)
-            print(f"held-out {r['accuracy_before']:.1%} → {r['accuracy_after']:.1%}, {wall:.0f} s, {rss:.0f} MB",
-                  flush=True)
+            env = run.rollout.env
+            print(f"held-out {'mean return ' if env else ''}{held_out_value(r['accuracy_before'], env)} → "
+                  f"{held_out_value(r['accuracy_after'], env)}, {wall:.0f} s, {rss:.0f} MB", flush=True)
     summary = {
         "command": "ppo-lm compare " + " ".join(argv) if argv is not None else None,
         "date": time.strftime("%Y-%m-%d"),
@@ -306,7 +338,7 @@ def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(summary_markdown(summary))
     plot_curves(runs, out / "curves.png", title=f"{', '.join(cfg.estimators)} ({cfg.layout} layout): mean over "
-                f"seeds {','.join(map(str, cfg.seeds))}, band min–max")
+                f"seeds {','.join(map(str, cfg.seeds))}, band min–max", env=summary["settings"]["env"])
     print(summary_markdown(summary), flush=True)
     print(f"outputs in {out}/ (summary.json, summary.md, curves.png, runs/)", flush=True)
     return summary

@@ -26,8 +26,9 @@ def _parse(cls: type, argv: list[str], prog: str, description: str, *, resumable
     import tyro
 
     from ..runtime.errors import ConfigError
-    from ..trainer.config_io import load_yaml
+    from ..trainer.config_io import load_yaml, yaml_bool_flags
 
+    argv = yaml_bool_flags(cls, argv)  # before the --resume pre-parse: `--resume yes` decides alike
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     known, rest = pre.parse_known_args(argv)

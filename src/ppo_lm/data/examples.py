@@ -47,7 +47,7 @@ def assistant_text(value: object, what: str = "the response") -> str:
 def split_conversation(messages: object, what: str = "the conversation") -> tuple[list[dict], str]:
     """``(prompt messages, response text)`` of a conversation that ends with an assistant turn: the
     prompt is every message before that turn, the response its content."""
-    from .prompts import is_conversation
+    from .messages import is_conversation
 
     if not is_conversation(messages):
         raise InputError(f"{what} holds {_describe(messages)}, not {_MESSAGES}")
@@ -87,7 +87,7 @@ def load_preference_rows(path_or_rows: RowsLike, name: str = "preference data", 
     that are lists of one assistant message, and, without a ``prompt`` column, ``chosen``/``rejected``
     conversations that share every message before their last (assistant) turn: that shared part is
     the prompt."""
-    from .prompts import is_conversation
+    from .messages import is_conversation
 
     rows, source = read_source(path_or_rows, name, split)
     out = []
@@ -111,7 +111,7 @@ def load_preference_rows(path_or_rows: RowsLike, name: str = "preference data", 
 
 def check_chat_template(tokenizer, rows: Sequence[Mapping], name: str, column: str = "prompt") -> None:
     """Refuse rows whose ``column`` holds chat messages when ``tokenizer`` has no chat template."""
-    from .prompts import is_conversation
+    from .messages import is_conversation
 
     if not getattr(tokenizer, "chat_template", None) and any(is_conversation(r.get(column)) for r in rows):
         raise ChatTemplateError(
@@ -176,7 +176,8 @@ def prompt_ids(tokenizer, prompt: str | list[dict], add_special_tokens: bool = T
     without adding special tokens, since the template writes its own (a second BOS would be
     off-distribution). Raises :class:`ChatTemplateError` when the tokenizer has no chat template or
     the template fails on the messages."""
-    from .prompts import is_conversation, render_conversation
+    from .messages import is_conversation
+    from .prompts import render_conversation
 
     if not is_conversation(prompt):
         return list(tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])

@@ -9,13 +9,7 @@ from pathlib import Path
 from torch import Tensor
 
 from ..runtime.errors import ConfigError
-
-
-def is_conversation(value: object) -> bool:
-    """A prompt given as chat messages: a non-empty list of ``{"role": str, "content": str}``."""
-    return (isinstance(value, list) and bool(value)
-            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                    for m in value))
+from .messages import is_conversation
 
 
 def render_conversation(tokenizer, messages: list[dict], template: str | None = None) -> str:

@@ -81,7 +81,7 @@ def _read_jsonl(path: Path, name: str) -> list[dict]:
 def _is_columns(doc: dict) -> bool:
     """An object of columns: every value a list, all of one length, none of them a conversation (an
     object such as ``{"messages": [...]}`` is one row, not a column of message dicts)."""
-    from .prompts import is_conversation
+    from .messages import is_conversation
 
     values = list(doc.values())
     return (bool(values) and all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1
@@ -252,7 +252,7 @@ def check_rows(rows: list, required: Sequence[str], name: str, source: str, text
                hint: str = "") -> None:
     """Every row a dict holding the ``required`` columns, each text or chat messages (text only for the
     columns in ``text_only``); ``hint`` is added to a missing-column message."""
-    from .prompts import is_conversation
+    from .messages import is_conversation
 
     if not rows:
         raise InputError(f"{name}: {source} is empty")

@@ -134,34 +134,55 @@ def _critic_cell(e: dict) -> str:
     return f"{_pm(e['explained_variance_late'], 1, '.2f')}; first ≥ {EV_LEARNS} at iteration {firsts}"
 
 
+def held_out_value(value: float, env: str | None) -> str:
+    """One held-out number as the table writes it: an accuracy in percent, or with an environment a mean
+    return in the environment's own units (a return of 2.5 is not 250 %)."""
+    return f"{value:.3f}" if env else f"{value:.1%}"
+
+
+def _held_out_cells(e: dict, env: str | None) -> list[str]:
+    """Before, after and gain: percent and percentage points, or mean returns and their difference."""
+    if env:
+        return [_pm(e["accuracy_before"], 1, ".3f"), _pm(e["accuracy_after"], 1, ".3f"), _pm(e["gain"], 1, "+.3f")]
+    return [_pct(e["accuracy_before"]), _pct(e["accuracy_after"]), _pm(e["gain"], 100, "+.1f")]
+
+
+def _budget(s: dict) -> str:
+    """The per-run budget; the response limit only where it is a number (``auto`` is resolved by each
+    run from its policy's size, which the comparison does not load)."""
+    limit = s.get("max_new_tokens")
+    tokens = f" × ≤ {limit} tokens{' a turn' if s.get('env') else ''}" if isinstance(limit, int) else ""
+    layout = {"natural": "each estimator in its own layout", "common": "one layout for every estimator"}
+    return (f"{s['iterations']} iterations × {s['episodes']} episodes ({layout[s['layout']]}: prompts × samples "
+            f"per prompt below){tokens} for every run")
+
+
 def summary_markdown(summary: dict) -> str:
     """The comparison table: one row per estimator, mean ± sample std over the seeds."""
     s = summary["settings"]
-    layout = {"natural": "each estimator in its own layout", "common": "one layout for every estimator"}
+    env = s.get("env")
+    held_out = (f"environment {env}; held-out mean return: greedy episodes" if env else
+                "held-out accuracy: greedy")
     lines = [
         f"# ppo-lm compare: {', '.join(summary['estimators'])}",
         "",
-        f"{s['iterations']} iterations × {s['episodes']} episodes ({layout[s['layout']]}: prompts × samples per "
-        f"prompt below) × ≤ {s['max_new_tokens']} tokens{' a turn' if s.get('env') else ''} for every run; start: "
-        f"{s['policy']}; " + (f"environment {s['env']}; held-out accuracy: the mean return of greedy episodes"
-                              if s.get("env") else "held-out accuracy: greedy") +
-        f", on {s['eval_prompts']}; seeds {', '.join(map(str, s['seeds']))}. Each cell: mean ± sample "
-        "standard deviation over the seeds (summary.json also has the minimum and maximum)" +
+        f"{_budget(s)}; start: {s['policy']}; {held_out}, on {s['eval_prompts']}; seeds "
+        f"{', '.join(map(str, s['seeds']))}. Each cell: mean ± sample standard deviation over the seeds "
+        "(summary.json also has the minimum and maximum)" +
         (", the mean alone where one seed ran." if len(s["seeds"]) < 2 else "."),
         "",
-        "| estimator | prompts × samples | held-out accuracy before | after | gain (points) | sampled tokens per run "
-        "| wall time per run | peak RSS per run | models held | critic's explained variance, last 1/8 of the run |",
+        f"| estimator | prompts × samples | held-out {'mean return' if env else 'accuracy'} before | after | "
+        f"gain ({'return' if env else 'points'}) | sampled tokens per run | wall time per run | peak RSS per run "
+        "| models held | critic's explained variance, last 1/8 of the run |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, e in summary["estimators"].items():
-        g = e["gain"]
         models = e["models_held"]
         prompts, samples = s["layouts"][name]
         lines.append(
-            f"| {name} | {prompts} × {samples} | {_pct(e['accuracy_before'])} | {_pct(e['accuracy_after'])} | "
-            f"{_pm(g, 100, '+.1f')} | {_tokens(e['sampled_tokens']['mean'])} | "
-            f"{_pm(e['wall_s'], 1, '.0f')} s | {e['peak_rss_mb']['mean']:.0f} MB | "
-            f"{len(models)} ({', '.join(models)}) | {_critic_cell(e)} |")
+            f"| {name} | {prompts} × {samples} | {' | '.join(_held_out_cells(e, env))} | "
+            f"{_tokens(e['sampled_tokens']['mean'])} | {_pm(e['wall_s'], 1, '.0f')} s | "
+            f"{e['peak_rss_mb']['mean']:.0f} MB | {len(models)} ({', '.join(models)}) | {_critic_cell(e)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -199,12 +220,13 @@ def _draw(ax, curves: list[list[list[float]]], key: str, label: str, color: str,
     ax.fill_between(x, lo, hi, color=color, alpha=0.2, linewidth=0)
 
 
-def plot_curves(runs: list[dict], out_png: str | Path, title: str = "") -> Path:
+def plot_curves(runs: list[dict], out_png: str | Path, title: str = "", *, env: str | None = None) -> Path:
     """curves.png: a panel per :data:`CURVES` key against the cumulative sampled tokens (top row) and
     against the cumulative training seconds (bottom row: the critic costs time), one line per estimator
     (the mean over seeds) with a band from the minimum to the maximum over seeds. The per-iteration
     curves are smoothed over a trailing window of 1/15 of the run (one iteration's score of 128
-    episodes is noisy); the held-out evaluations are drawn as they are, with markers."""
+    episodes is noisy); the held-out evaluations are drawn as they are, with markers. With ``env`` the
+    held-out panel is the greedy episodes' mean return."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,7 +241,7 @@ def plot_curves(runs: list[dict], out_png: str | Path, title: str = "") -> Path:
                 curves = [r[which][key] for r in runs if r["estimator"] == est and r[which][key]]
                 if curves:
                     _draw(ax, curves, key, est, f"C{i}", scale)
-            ax.set_title(name, fontsize=10)
+            ax.set_title("held-out mean return (greedy)" if env and key == "eval_score" else name, fontsize=10)
             ax.set_xlabel(xlabel, fontsize=8)
             ax.tick_params(labelsize=8)
     axes[0][0].legend(fontsize=8)

@@ -35,6 +35,34 @@ def raw_advantage_label(records: list[dict]) -> str:
     after = "; the trainer whitened it into Â" if first.get("whitened") else "; the update used it as is (= Â)"
     return f"{base}: {what}{after}"
 
+
+def record_turns(record: dict) -> list[dict]:
+    """A credit record's turns as ``[{"start", "end", "reward"}, …]`` (its sampled tokens are
+    ``tokens[start:end]``; docs/report.md): the record's own ``turns`` where it has them; else, as in a
+    file written before records carried them, one turn per run of ``action`` tokens with a null reward
+    (two turns with no observation between them are then one run, and count as one); [] for a
+    single-turn record (neither key)."""
+    n = len(record.get("tokens") or [])
+    turns = record.get("turns")
+
+    def valid(t) -> bool:
+        return (isinstance(t, dict) and all(isinstance(t.get(k), int) for k in ("start", "end"))
+                and 0 <= t["start"] < t["end"] <= n)
+
+    if isinstance(turns, list) and turns and all(map(valid, turns)):
+        return [{"start": t["start"], "end": t["end"], "reward": t.get("reward")} for t in turns]
+    action = record.get("action")
+    if not isinstance(action, list):
+        return []
+    out: list[dict] = []
+    for i, a in enumerate(action):
+        if a and out and out[-1]["end"] == i:  # the run goes on
+            out[-1]["end"] = i + 1
+        elif a:
+            out.append({"start": i, "end": i + 1, "reward": None})
+    return out
+
+
 SYMBOLS = {"logp_old": "log π_old", "logp_ref": "log π_ref", "kl": "KL", "reward": "r", "value": "V", "delta": "δ",
            "advantage_raw": "Â raw", "advantage": "Â", "return": "R̂", "ratio": "ratio"}
 """How the hover card names each per-token value."""
@@ -85,7 +113,9 @@ function showTip(ev) {
   const el = ev.currentTarget, ep = DATA.episodes[+el.dataset.e], t = +el.dataset.t;
   const rows = KEYS.map(k => `<tr><th>${SYMBOLS[k]}</th><td data-key="${k}">${fmt(ep[k] ? ep[k][t] : null)}</td></tr>`);
   const end = ending(ep, ", bootstrap V ", "");
-  const obs = ep.action && !ep.action[t] ? " · observation (context: no loss, KL or value)" : "";
+  const turns = DATA.turns[+el.dataset.e], k = turns.findIndex(u => t >= u.start && t < u.end);
+  const obs = ep.action && !ep.action[t] ? " · observation (context: no loss, KL or value)"
+    : k >= 0 ? ` · turn ${k + 1}/${turns.length}` : "";
   tip.innerHTML = `<div><b></b> · token ${t + 1}/${ep.tokens.length} · id ${ep.token_ids[t]}${obs}</div>` +
     `<table>${rows.join("")}</table><div>score ${fmt(ep.score)} · ${end}</div>`;
   tip.querySelector("b").textContent = JSON.stringify(ep.tokens[t]);
@@ -102,17 +132,22 @@ function render() {
     const head = document.createElement("div"); head.className = "head";
     const end = ending(ep, " (bootstrap V ", ")");
     const lam = ep.lam === null ? "" : ` · λ ${fmt(ep.lam)}`;
-    const turns = ep.action ? ep.action.filter((a, i) => a && (i === 0 || !ep.action[i - 1])).length : 0;
+    // turns from the record (DATA.turns: its `turns`, or runs of action tokens in older files)
+    const turns = DATA.turns[e], n = turns.length;
+    const obs = ep.action && ep.action.some(a => !a) ? " (observations in grey italics)" : "";
+    const rewards = turns.some(u => u.reward !== null)
+      ? ` · turn rewards ${turns.map(u => fmt(u.reward)).join(", ")}` : "";
     head.textContent = `episode ${ep.episode} · score ${fmt(ep.score)} · ${end} · ${ep.tokens.length} tokens` +
-      (turns ? ` · ${turns} turns (observations in grey italics)` : "") +
+      (n ? ` · ${n} turn${n === 1 ? "" : "s"}${obs}${rewards}` : "") +
       ` · ${ep.estimator}, γ ${fmt(ep.gamma)}${lam}, β ${fmt(ep.kl_coef)} (${ep.kl_estimator})`;
     const prompt = document.createElement("div"); prompt.className = "prompt"; prompt.textContent = ep.prompt;
     const toks = document.createElement("div"); toks.className = "tokens";
+    const starts = new Set(turns.slice(1).map(u => u.start));  // a bar before each later turn, adjacent too
     ep.tokens.forEach((t, i) => {
       const s = document.createElement("span"); s.className = "tok";
       s.dataset.e = e; s.dataset.t = i; s.textContent = tokenText(t, ep.token_ids[i]);
       if (ep.action && !ep.action[i]) s.classList.add("obs");
-      else if (ep.action && i > 0 && !ep.action[i - 1]) s.classList.add("turn");
+      else if (starts.has(i)) s.classList.add("turn");
       s.addEventListener("mouseenter", showTip); s.addEventListener("mousemove", showTip);
       s.addEventListener("mouseleave", hideTip);
       toks.appendChild(s);
@@ -151,7 +186,8 @@ def render_page(run_name: str, iteration: int, iterations: list[int], records: l
                 images: list[tuple[str, Path]], notes: list[str], keys: tuple[str, ...]) -> str:
     """The HTML of the report: ``records`` (one iteration's credit records) as rows of tokens, then
     ``images`` (caption, PNG) inlined. ``keys``: the per-token values the hover card lists."""
-    data = {"episodes": records, "keys": list(keys), "symbols": SYMBOLS}
+    data = {"episodes": records, "turns": [record_turns(r) for r in records], "keys": list(keys),
+            "symbols": SYMBOLS}
     labels = {**dict(QUANTITIES), "advantage_raw": raw_advantage_label(records)}
     options = "".join(f'<option value="{k}">{html.escape(labels[k])}</option>' for k, _ in QUANTITIES)
     others = ", ".join(str(i) for i in iterations)

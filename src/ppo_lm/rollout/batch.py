@@ -107,6 +107,11 @@ class RolloutBatch:
         Losses, the KL, entropy, values and advantages are over :attr:`loss_mask`.
     episode_info: multi-turn only, (B,) tensors by name: ``turns``, ``observation_tokens``,
         ``context_truncated`` (an observation did not fit ``rollout.max_episode_tokens``); else None.
+    turn_index: multi-turn only, (B, T) int64: each response token's turn, 0-based — the turn that
+        sampled it, or for an observation token the turn it answers; −1 on padding. It delimits turns
+        that follow each other with no observation between them (an environment's ``None`` answer),
+        which ``action_mask`` alone shows as one run. Turn k's reward sits on its last action token:
+        ``step_rewards`` there, ``scores`` for the last turn. None for single-turn.
     terminated: (B,) bool, True when a stop token ended the response (False = cut by the limit).
     logp_old, logp_ref: (B, T) log-probs of the sampled tokens under π_old and π_ref.
     scores: (B,) verifier / reward-model score (after the missing-EOS penalty).
@@ -134,6 +139,7 @@ class RolloutBatch:
     bootstrap_values: Tensor | None = None
     action_mask: Tensor | None = None
     episode_info: dict[str, Tensor] | None = None
+    turn_index: Tensor | None = None
     step_rewards: Tensor | None = None
     step_counts: Tensor | None = None
     gold_scores: Tensor | None = None

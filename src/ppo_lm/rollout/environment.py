@@ -1,5 +1,6 @@
-"""A user's environment (docs/environments.md): loading its class, calling it with a time limit and
-checking what it returns, and rendering its messages to observation tokens.
+"""A user's environment (docs/environments.md): loading its class, the protocol's checks of what it
+returns, and rendering its messages to observation tokens. The environment's own code runs in worker
+processes (:mod:`ppo_lm.rollout.env_pool`), where a time limit can stop it; nothing here imports torch.
 
 The protocol, one instance per episode::
 
@@ -8,22 +9,20 @@ The protocol, one instance per episode::
         def step(self, text: str) -> tuple[str | list[dict] | None, float, bool]: ...
             # (what the environment answers, or None; this turn's reward; done)
 
+``seed`` is the group's: the G episodes of one row in an iteration (``rollout.samples_per_prompt``)
+play one task; a ``reset`` that takes a ``sample`` argument gets the episode's index in its group.
 Text prompts and answers are appended as they are; messages are rendered by the chat template, and
 the trained sequence takes only the tokens the rendering adds.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import signal
-import threading
-import time
+import inspect
 from dataclasses import dataclass, field
 
-from ..data.prompts import is_conversation
+from ..data.messages import is_conversation
 from ..runtime.errors import UserError
-from .reward import load_verifier, user_frames
+from ..runtime.user_code import load_object, one_line, reward_number, user_frames
 
 SENTINEL = "\u2063ppo-lm-turn\u2063"
 """Assistant content used to find what a chat template writes after an assistant message."""
@@ -36,13 +35,13 @@ class EnvError(UserError, RuntimeError):
 def load_env(spec: str, field_name: str = "rollout.env") -> type:
     """The environment class of ``'path/to/env.py:Class'`` or ``'module:Class'`` (ValueError naming the
     field otherwise) — or a built-in one (``builtin:equations_retry``); it must have ``reset`` and ``step``."""
-    from ..tasks.retry import BUILTIN_ENVS
-
     if spec.startswith("builtin:"):
+        from ..tasks.retry import BUILTIN_ENVS
+
         if spec not in BUILTIN_ENVS:
             raise ValueError(f"`{field_name}`={spec!r}: the built-in environments are {', '.join(sorted(BUILTIN_ENVS))}")
         return BUILTIN_ENVS[spec]
-    cls = load_verifier(spec, field_name)
+    cls = load_object(spec, field_name, kind="class")
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
     if missing or not isinstance(cls, type):
         raise ValueError(f"`{field_name}`={spec!r}: an environment is a class with reset(row, seed) and step(text) "
@@ -51,46 +50,22 @@ def load_env(spec: str, field_name: str = "rollout.env") -> type:
     return cls
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float, what: str, error: type[Exception] | None = None):
-    """Raise ``error`` (default :class:`EnvError`) when the body runs past ``seconds``; a limit inside
-    another keeps the outer one running (SIGALRM: main thread only; elsewhere the body runs unlimited)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-    error = error or EnvError
-
-    def expired(signum, frame):
-        raise error(f"the environment's {what} ran past its time limit of {seconds:g} s")
-
-    before = signal.signal(signal.SIGALRM, expired)
-    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
-    started = time.monotonic()
+def takes_sample(cls: type) -> bool:
+    """Whether ``cls.reset`` accepts the ``sample`` keyword (the episode's index in its group)."""
     try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
-        if outer > 0:  # the enclosing limit's remaining time
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 1e-3))
+        params = inspect.signature(cls.reset).parameters
+    except (TypeError, ValueError):
+        return False
+    return "sample" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def call_env(fn, *args, seconds: float, what: str):
-    """``fn(*args)`` under :func:`time_limit`; what the user's code raises becomes one :class:`EnvError`
-    line with its own frames."""
+def call_user(fn, *args, what: str, **kwargs):
+    """``fn(*args, **kwargs)``; what the user's code raises becomes one :class:`EnvError` line (the
+    message's first line) with the user's own frames."""
     try:
-        with time_limit(seconds, what):
-            return fn(*args)
-    except EnvError:
-        raise
+        return fn(*args, **kwargs)
     except Exception as e:
-        raise EnvError(f"the environment's {what} raised {type(e).__name__}: {e}{user_frames(e)}") from e
-
-
-def env_tools(env) -> list | None:
-    """The functions an environment offers the model (its ``tools`` attribute), for the chat template."""
-    tools = getattr(env, "tools", None)
-    return list(tools) if tools else None
+        raise EnvError(f"the environment's {what} raised {type(e).__name__}: {one_line(e)}{user_frames(e)}") from e
 
 
 def check_reset(out, row_index: int):
@@ -109,11 +84,11 @@ def check_step(out) -> tuple[str | list[dict] | None, float, bool]:
         raise EnvError(f"the environment's step returned an observation of type {type(obs).__name__}; give a str, "
                        "a list of {'role', 'content'} messages, or None")
     try:
-        reward = float(reward)
-    except (TypeError, ValueError):
-        raise EnvError(f"the environment's step returned a reward of type {type(reward).__name__}; give a number") from None
-    if not math.isfinite(reward):
-        raise EnvError(f"the environment's step returned the reward {reward}; give a finite number")
+        reward = reward_number(reward)
+    except TypeError as e:
+        raise EnvError(f"the environment's step returned a reward {e}") from None
+    except ValueError:
+        raise EnvError(f"the environment's step returned the reward {reward}; give a finite number") from None
     if not isinstance(done, bool):
         raise EnvError(f"the environment's step returned done={done!r}; give True or False")
     return obs, reward, done
@@ -135,8 +110,18 @@ class Renderer:
         return self.chat and (self.template is not None or bool(getattr(self.tokenizer, "chat_template", None)))
 
     def render(self, messages: list[dict], generation_prompt: bool, tools: list | None = None) -> str:
-        return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                  add_generation_prompt=generation_prompt, tools=tools)
+        """The template's text of ``messages``; a template that refuses them (a role it does not know,
+        tools it cannot render: jinja's ``TemplateError``, a ``raise_exception`` in the template) is an
+        :class:`EnvError` line naming the roles, not a traceback from inside jinja."""
+        try:
+            return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
+                                                      add_generation_prompt=generation_prompt, tools=tools)
+        except Exception as e:  # noqa: BLE001 (jinja raises what the template's author wrote)
+            roles = ", ".join(dict.fromkeys(m.get("role", "?") for m in messages))
+            raise EnvError(f"the chat template cannot render the environment's conversation (roles: {roles}"
+                           f"{'; with tools' if tools else ''}): {type(e).__name__}: {one_line(e)}; give "
+                           "`data.chat_template` a template that renders them, or answer with roles it "
+                           "knows") from None
 
     def first_prompt(self, out: str | list[dict], tools: list | None = None) -> tuple[list[int], list[dict] | None]:
         """The first prompt's ids (as the single-turn rollout encodes prompts) and the conversation

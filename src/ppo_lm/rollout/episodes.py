@@ -19,7 +19,8 @@ from ..models.sharding import gathered
 from ..runtime.timing import Timer
 from .batch import RolloutBatch
 from .collect import RolloutModels, old_values, score_sequences
-from .environment import EnvError, Renderer, call_env, check_reset, check_step, env_tools
+from .env_pool import EnvPool
+from .environment import EnvError, Renderer
 from .sampling import SamplingParams, generate
 
 
@@ -27,12 +28,12 @@ from .sampling import SamplingParams, generate
 class EpisodeSettings:
     max_turns: int
     max_episode_tokens: int  # prompt + every turn and observation
-    timeout_s: float
 
 
 @dataclass
 class Episode:
-    env: object
+    eid: int  # its environment's id in the pool
+    tools: list[dict] | None  # the JSON schemas of its environment's tools, for the chat template
     prompt_ids: list[int]
     history: list[dict] | None  # the conversation so far (chat templates), else None
     tokens: list[int] = field(default_factory=list)  # after the prompt: actions and observations
@@ -48,39 +49,41 @@ class Episode:
         return limit - len(self.prompt_ids) - len(self.tokens)
 
 
-def start_episodes(env_cls: type, rows: list[dict], seeds: list[int], renderer: Renderer, samples: int,
-                   timeout_s: float, limit: int) -> list[Episode]:
-    """One environment per episode (``samples`` per row, group-contiguous), reset with its seed."""
+def start_episodes(envs: EnvPool, rows: list[dict], seeds: list[int], renderer: Renderer, samples: int,
+                   limit: int) -> list[Episode]:
+    """``samples`` episodes per row (group-contiguous), each environment reset with its row's seed —
+    the group's: its episodes play one task — and its index in the group."""
     episodes = []
-    for i, row in enumerate(r for r in rows for _ in range(samples)):
-        env = call_env(env_cls, seconds=timeout_s, what="constructor")
-        first = check_reset(call_env(env.reset, dict(row), seeds[i], seconds=timeout_s, what="reset"), i // samples)
-        ids, history = renderer.first_prompt(first, env_tools(env))
+    for i, st in enumerate(envs.start(rows, seeds, samples)):
+        ids, history = renderer.first_prompt(st.first, st.tools)
         if len(ids) >= limit:
             raise EnvError(f"the environment's first prompt for row {i // samples} has {len(ids)} tokens, which leaves "
                            f"no room for a response in `rollout.max_episode_tokens` ({limit})")
-        episodes.append(Episode(env, ids, history))
+        episodes.append(Episode(st.eid, st.tools, ids, history))
     return episodes
 
 
-def take_turn(lm, tokenizer, episodes: list[Episode], renderer: Renderer, sampling: SamplingParams,
+def take_turn(lm, tokenizer, envs: EnvPool, episodes: list[Episode], renderer: Renderer, sampling: SamplingParams,
               s: EpisodeSettings, generator, *, last_turn: bool, device) -> None:
-    """One turn of every unfinished episode: sample in one batch, then step each environment."""
+    """One turn of every unfinished episode: sample in one batch, then step their environments (in
+    parallel, over the pool's workers)."""
     active = [e for e in episodes if not e.finished]
     ids, mask = (t.to(device) for t in pad_sequences([e.prompt_ids + e.tokens for e in active],
                                                      tokenizer.pad_token_id, side="left"))
     limit = min(sampling.max_new_tokens, max(e.room(s.max_episode_tokens) for e in active))
     params = replace(sampling, max_new_tokens=limit, min_new_tokens=min(sampling.min_new_tokens, limit))
     gen = generate(lm, ids, mask, params, pad_token_id=tokenizer.pad_token_id, generator=generator)
+    turns = []  # per active episode: (text, stop text or None)
     for e, row, row_mask, stopped in zip(active, gen.responses, gen.mask, gen.terminated):
         sampled = row[row_mask].tolist()[: e.room(s.max_episode_tokens)]
         stopped = bool(stopped) and len(sampled) == int(row_mask.sum())
-        kept = sampled[:-1] if stopped else sampled
-        text = tokenizer.decode(kept, skip_special_tokens=True)
+        text = tokenizer.decode(sampled[:-1] if stopped else sampled, skip_special_tokens=True)
+        turns.append((text, tokenizer.decode(sampled[-1:]) if stopped else None))
         e.tokens += sampled
         e.actions += [True] * len(sampled)
         e.turn_ends.append(len(e.tokens) - 1)
-        obs, reward, done = check_step(call_env(e.env.step, text, seconds=s.timeout_s, what="step"))
+    for e, (text, stop_text), (obs, reward, done) in zip(
+            active, turns, envs.step([(e.eid, text) for e, (text, _) in zip(active, turns)])):
         e.rewards.append(reward)
         if done:
             e.done = e.finished = True
@@ -89,8 +92,7 @@ def take_turn(lm, tokenizer, episodes: list[Episode], renderer: Renderer, sampli
             e.finished = e.context_truncated = True
             continue
         if obs is not None:
-            stop_text = tokenizer.decode(sampled[-1:]) if stopped else None
-            obs_ids, e.history = renderer.observation(e.history, text, stop_text, obs, env_tools(e.env))
+            obs_ids, e.history = renderer.observation(e.history, text, stop_text, obs, e.tools)
             if len(obs_ids) >= e.room(s.max_episode_tokens):  # it must leave room for one more action token
                 e.finished = e.context_truncated = True
                 continue
@@ -100,24 +102,27 @@ def take_turn(lm, tokenizer, episodes: list[Episode], renderer: Renderer, sampli
         e.finished = last_turn
 
 
-def run_episodes(lm, tokenizer, env_cls: type, rows: list[dict], seeds: list[int], *, renderer: Renderer,
+def run_episodes(lm, tokenizer, envs: EnvPool, rows: list[dict], seeds: list[int], *, renderer: Renderer,
                  sampling: SamplingParams, settings: EpisodeSettings, samples: int, generator, device) -> list[Episode]:
-    """``samples`` episodes per row (``seeds``: one per episode), turn by turn in one batch, to the end:
-    done, the turn limit, or a context with no room left."""
-    episodes = start_episodes(env_cls, rows, seeds, renderer, samples, settings.timeout_s, settings.max_episode_tokens)
-    for turn in range(settings.max_turns):
-        if all(e.finished for e in episodes):
-            break
-        take_turn(lm, tokenizer, episodes, renderer, sampling, settings, generator,
-                  last_turn=turn == settings.max_turns - 1, device=device)
+    """``samples`` episodes per row (``seeds``: one per row, its group's), turn by turn in one batch, to
+    the end: done, the turn limit, or a context with no room left."""
+    episodes = start_episodes(envs, rows, seeds, renderer, samples, settings.max_episode_tokens)
+    try:
+        for turn in range(settings.max_turns):
+            if all(e.finished for e in episodes):
+                break
+            take_turn(lm, tokenizer, envs, episodes, renderer, sampling, settings, generator,
+                      last_turn=turn == settings.max_turns - 1, device=device)
+    finally:
+        envs.drop([e.eid for e in episodes])
     return episodes
 
 
-def collect_episodes(models: RolloutModels, tokenizer, env_cls: type, rows: list[dict], seeds: list[int], *,
+def collect_episodes(models: RolloutModels, tokenizer, envs: EnvPool, rows: list[dict], seeds: list[int], *,
                      renderer: Renderer, sampling: SamplingParams, settings: EpisodeSettings, samples_per_prompt: int,
                      generator: torch.Generator | None, forward_batch_size: int = 0, device="cpu",
                      timer: Timer | None = None, lanes=None) -> RolloutBatch:
-    """Run ``samples_per_prompt`` episodes per row (``seeds``: one per episode) to the end — done, the
+    """Run ``samples_per_prompt`` episodes per row (``seeds``: one per row) to the end — done, the
     turn limit, or a context that has no room left — and score them (:func:`score_sequences`).
     ``timer`` receives ``generate_s`` (sampling and the environments) and ``score_s``; ``lanes`` as for
     :func:`~ppo_lm.rollout.collect.collect_rollout`."""
@@ -125,7 +130,7 @@ def collect_episodes(models: RolloutModels, tokenizer, env_cls: type, rows: list
     with timer("generate_s"):
         models.policy.lm.eval()
         with gathered(models.policy):  # FSDP: one all-gather for every turn's decode
-            episodes = run_episodes(models.policy.lm, tokenizer, env_cls, rows, seeds, renderer=renderer,
+            episodes = run_episodes(models.policy.lm, tokenizer, envs, rows, seeds, renderer=renderer,
                                     sampling=sampling, settings=settings, samples=samples_per_prompt,
                                     generator=generator, device=device)
     with timer("score_s"):
@@ -134,7 +139,7 @@ def collect_episodes(models: RolloutModels, tokenizer, env_cls: type, rows: list
 
 
 @torch.no_grad()
-def evaluate_episodes(lm, tokenizer, env_cls: type, rows: list[dict], seeds: list[int], *, renderer: Renderer,
+def evaluate_episodes(lm, tokenizer, envs: EnvPool, rows: list[dict], seeds: list[int], *, renderer: Renderer,
                       sampling: SamplingParams, settings: EpisodeSettings, samples: int = 1, pass_score: float = 1.0,
                       generator: torch.Generator | None = None, device="cpu") -> dict[str, float]:
     """Held-out episodes (``samples`` per row, ``sampling`` temperature 0 = greedy): the mean episode
@@ -142,7 +147,7 @@ def evaluate_episodes(lm, tokenizer, env_cls: type, rows: list[dict], seeds: lis
     whose return is ≥ ``pass_score`` as ``eval_pass_at_k``, and ``eval_turns`` (turns per episode)."""
     was_training = lm.training
     lm.eval()
-    episodes = run_episodes(lm, tokenizer, env_cls, rows, seeds, renderer=renderer, sampling=sampling,
+    episodes = run_episodes(lm, tokenizer, envs, rows, seeds, renderer=renderer, sampling=sampling,
                             settings=settings, samples=samples, generator=generator, device=device)
     lm.train(was_training)
     returns = torch.tensor([sum(e.rewards) for e in episodes], dtype=torch.double)
@@ -162,11 +167,16 @@ def score_episodes(models: RolloutModels, tokenizer, episodes: list[Episode], *,
     block, response_mask = pad_sequences([e.tokens for e in episodes], pad)
     action_mask = pad_sequences([[int(a) for a in e.actions] for e in episodes], 0)[0].bool()
     step_rewards = torch.zeros(block.shape)
+    turn_index = torch.full(block.shape, -1, dtype=torch.long)
     for i, e in enumerate(episodes):
         for end, r in zip(e.turn_ends[:-1], e.rewards[:-1]):
             step_rewards[i, end] += r
-    block, response_mask, action_mask, step_rewards = (t.to(device) for t in (block, response_mask.bool(), action_mask,
-                                                                              step_rewards))
+        # explicit, since turns with no observation between them are one run of action tokens: a token's
+        # turn is the number of turns that ended before it, less one at an observation (it answers that turn)
+        ended = torch.zeros(len(e.tokens), dtype=torch.long).index_fill_(0, torch.tensor(e.turn_ends), 1)
+        turn_index[i, : len(e.tokens)] = ended.cumsum(0) - ended - (~torch.tensor(e.actions)).long()
+    block, response_mask, action_mask, step_rewards, turn_index = (
+        t.to(device) for t in (block, response_mask.bool(), action_mask, step_rewards, turn_index))
     input_ids = torch.cat([prompt_ids, block], 1)
     attention_mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], 1)
     P = prompt_ids.shape[1]
@@ -185,7 +195,7 @@ def score_episodes(models: RolloutModels, tokenizer, episodes: list[Episode], *,
         logp_old=logp_old.where(action_mask, 0), logp_ref=logp_ref.where(action_mask, 0),
         scores=torch.tensor([e.rewards[-1] for e in episodes], device=device),
         values_old=values_old, bootstrap_values=bootstrap, action_mask=action_mask,
-        episode_info={k: v.to(device) for k, v in info.items()},
+        episode_info={k: v.to(device) for k, v in info.items()}, turn_index=turn_index,
         step_rewards=step_rewards, step_counts=torch.tensor([len(e.rewards) - 1 for e in episodes], device=device),
         prompts=tokenizer.batch_decode([e.prompt_ids for e in episodes], skip_special_tokens=True),
         responses=tokenizer.batch_decode([e.tokens for e in episodes], skip_special_tokens=False),

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
-import sys
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +13,7 @@ from torch import Tensor, nn
 from ..models.actor_critic import RewardScorer, sequence_scores
 from ..models.sharding import frozen_mode
 from ..runtime.errors import UserError
+from ..runtime.user_code import load_object, one_line, user_frames
 from .steps import Steps, split_rewards
 
 Verifier = Callable[..., Sequence]
@@ -70,67 +67,10 @@ def load_verifier(spec: str, field: str = "model.reward") -> Verifier:
     if ":" not in spec:
         raise ValueError(f"`{field}`={spec!r}: expected 'module:function', 'path/to/file.py:function' or "
                          "'builtin:equations'")
-    mod_name, fn_name = spec.rsplit(":", 1)
-    try:
-        module = _import_file(mod_name, field, spec) if mod_name.endswith(".py") else _import_module(mod_name)
-    except _SpecError:
-        raise
-    except ImportError as e:
-        raise ValueError(f"`{field}`={spec!r}: cannot import module {mod_name!r} ({e}); the current directory "
-                         "is searched, or give a file: 'path/to/file.py:function'") from None
-    except Exception as e:  # the user's module fails while it is imported
-        raise ValueError(f"`{field}`={spec!r}: importing {mod_name!r} raised {type(e).__name__}: {e}"
-                         f"{user_frames(e)}") from None
-    fn = getattr(module, fn_name, None)
+    fn = load_object(spec, field)
     if not callable(fn):
-        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                       and getattr(v, "__module__", None) == module.__name__)
-        raise ValueError(f"`{field}`={spec!r}: {mod_name!r} has no function {fn_name!r}"
-                         + (f" (it defines: {', '.join(found[:8])})" if found else ""))
+        raise ValueError(f"`{field}`={spec!r}: {spec.rsplit(':', 1)[1]!r} is a {type(fn).__name__}, not a function")
     return fn
-
-
-class _SpecError(ValueError):
-    """The reward spec itself is wrong (as opposed to the user's module failing on import)."""
-
-
-def _import_module(name: str):
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    return importlib.import_module(name)
-
-
-def _import_file(path: str, field: str, spec: str):
-    """Load ``path`` as a module named after it; its own directory is importable, as for a script."""
-    import importlib.util
-
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise _SpecError(f"`{field}`={spec!r}: no such file {str(file)!r}")
-    name = f"ppo_lm_reward_{file.stem}"
-    module_spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(module_spec)
-    folder = str(file.resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    sys.modules[name] = module  # before executing it: dataclasses and pickling look the module up
-    try:
-        module_spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def user_frames(e: BaseException, limit: int = 3) -> str:
-    """The last ``limit`` frames of ``e``'s traceback that are not ppo-lm's own, as indented
-    ``file:line in function`` lines with their source: where the user's code failed."""
-    own = str(Path(__file__).resolve().parents[1])
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not str(Path(f.filename).resolve()).startswith(own)]
-    if isinstance(e, SyntaxError) and e.filename:
-        return f"\n  {e.filename}:{e.lineno}: {(e.text or '').strip()}"
-    return "".join(f"\n  {f.filename}:{f.lineno} in {f.name}" + (f": {f.line.strip()}" if f.line else "")
-                   for f in frames[-limit:])
 
 
 def score_with_verifier(
@@ -151,7 +91,7 @@ def verifier_rewards(
         answer = verifier(prompts, responses, **columns)
     except Exception as e:
         raise RewardError(
-            f"the reward function raised {type(e).__name__}: {e}{user_frames(e)}\n  first prompt of the batch: "
+            f"the reward function raised {type(e).__name__}: {one_line(e)}{user_frames(e)}\n  first prompt of the batch: "
             f"{prompts[0]!r}"
         ) from e
     try:

@@ -3,12 +3,13 @@ may return instead of a number, and where each step's reward lands among the res
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+
+from ..runtime.user_code import reward_number
 
 Steps = list[tuple[int, float]]
 """One response's step rewards: ``(char_end, reward)`` pairs, ``char_end`` counted in the response text."""
@@ -30,9 +31,10 @@ class Reward:
     steps: Sequence[tuple[int, float]] = field(default_factory=tuple)
 
     def __post_init__(self):
-        score = float(self.score)
-        if not math.isfinite(score):
-            raise ValueError(f"Reward.score must be finite, got {self.score!r}")
+        try:
+            score = reward_number(self.score)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"Reward.score {e}") from None
         steps = []
         for i, step in enumerate(self.steps):
             try:
@@ -41,9 +43,10 @@ class Reward:
                 raise TypeError(f"Reward.steps[{i}] must be a (char_end, reward) pair, got {step!r}") from None
             if isinstance(end, bool) or not isinstance(end, int) and not (isinstance(end, float) and end.is_integer()):
                 raise TypeError(f"Reward.steps[{i}]: char_end must be an int, got {end!r}")
-            r = float(r)
-            if not math.isfinite(r):
-                raise ValueError(f"Reward.steps[{i}]: the reward must be finite, got {r!r}")
+            try:
+                r = reward_number(r)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"Reward.steps[{i}]: the reward {e}") from None
             steps.append((int(end), r))
         object.__setattr__(self, "score", score)
         object.__setattr__(self, "steps", tuple(steps))
@@ -69,7 +72,10 @@ def split_rewards(values: Sequence) -> tuple[list[float], list[Steps] | None]:
             scores.append(v.score)
             steps.append(list(v.steps))
         else:
-            scores.append(float(v))
+            try:
+                scores.append(reward_number(v, finite=False))  # checked with its prompt
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"entry {i} is {e}") from None
             steps.append([])
     return scores, (steps if any_reward else None)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -382,13 +383,26 @@ def build_prompts(cfg: TrainConfig, tokenizer, policy_lm: nn.Module, rows: list[
 
 
 def episode_setup(cfg: TrainConfig, tokenizer, policy_lm: nn.Module):
-    """With ``rollout.env``: the episodes' limits (``max_episode_tokens`` 0 = the policy's context) and the
-    renderer of the environment's answers (the chat template of ``data.chat_template``)."""
+    """With ``rollout.env``: the episodes' limits (``max_episode_tokens`` 0 = the policy's context), the
+    renderer of the environment's answers (the chat template of ``data.chat_template``) and the pool of
+    worker processes the environment runs in (started on first use)."""
+    from ..rollout.env_pool import EnvPool
     from ..rollout.environment import Renderer
     from ..rollout.episodes import EpisodeSettings
 
     r, d = cfg.rollout, cfg.data
     context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
-    settings = EpisodeSettings(r.max_turns, min(r.max_episode_tokens or context, context), r.env_timeout_s)
+    settings = EpisodeSettings(r.max_turns, min(r.max_episode_tokens or context, context))
     template = Path(d.chat_template).read_text() if d.chat_template not in ("auto", "none") else None
-    return settings, Renderer(tokenizer, template, chat=d.chat_template != "none")
+    pool = EnvPool(r.env, workers=env_workers(r.env_workers), timeout_s=r.env_timeout_s)
+    return settings, Renderer(tokenizer, template, chat=d.chat_template != "none"), pool
+
+
+def env_workers(setting: int | str) -> int:
+    """``rollout.env_workers``; auto: this process's share of the host's cores (``LOCAL_WORLD_SIZE``
+    processes under torchrun), at most 4 — environments wait on the policy's sampling between turns,
+    so more workers than cores buys nothing."""
+    if setting != "auto":
+        return int(setting)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(4, (os.cpu_count() or 1) // local))

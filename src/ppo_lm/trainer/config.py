@@ -185,7 +185,11 @@ class RolloutConfig:
     that does not fit ends the episode (truncated, counted in `truncated_by_context_frac`). 0 = the
     policy's context."""
     env_timeout_s: float = setting(30.0, gt=0, finite=True)
-    """With `env`: seconds each call of the environment (constructor, reset, step) may take."""
+    """With `env`: seconds each call of the environment (constructor, reset, step) may take; the
+    environment runs in worker processes, and one past its limit is killed and the run stops."""
+    env_workers: int | Literal["auto"] = setting("auto", ge=1)
+    """With `env`: worker processes the environments run in (the episodes of a batch are spread over
+    them and step in parallel). auto: the process's share of the host's cores, at most 4."""
 
 
 @dataclass

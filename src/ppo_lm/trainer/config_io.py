@@ -111,6 +111,72 @@ def from_dict(cls: type[C], data: dict[str, Any] | None, *, prefix: str = "", ba
     return obj
 
 
+YAML_TRUE = frozenset({"true", "yes", "on", "1"})
+YAML_FALSE = frozenset({"false", "no", "off", "0"})
+"""The spellings of a boolean a flag takes, in any case: YAML 1.1's words, as a config file writes them
+(``bootstrap_truncated: false``), and 1/0."""
+
+
+def yaml_bool(text: str) -> bool:
+    """``text`` as a boolean (:data:`YAML_TRUE`, :data:`YAML_FALSE`); ValueError otherwise."""
+    word = text.strip().lower()
+    if word in YAML_TRUE or word in YAML_FALSE:
+        return word in YAML_TRUE
+    raise ValueError(f"{text!r} is not a boolean; give true or false")
+
+
+def _bool_fields(cls: type, prefix: str = "") -> dict[str, bool]:
+    """The flag names (``log.progress``, dashes for underscores) of the fields of ``cls`` and its nested
+    configs that hold a boolean: True for a plain ``bool`` (a ``--x``/``--no-x`` switch on the command
+    line), False for a union with one (``bool | Literal["auto"]``: the flag takes a value)."""
+    out: dict[str, bool] = {}
+    for name, tp in _hints(cls).items():
+        flag = prefix + name.replace("_", "-")
+        if dataclasses.is_dataclass(tp):
+            out.update(_bool_fields(tp, flag + "."))
+        elif tp is bool:
+            out[flag] = True
+        elif get_origin(tp) in (typing.Union, types.UnionType) and bool in get_args(tp):
+            out[flag] = False
+    return out
+
+
+def _switch_off(flag: str) -> str:
+    """``--log.progress`` → ``--log.no-progress``, ``--resume`` → ``--no-resume``: the command line's
+    spelling of a switch set to false."""
+    head, dot, last = flag[2:].rpartition(".")
+    return f"--{head}{dot}no-{last}"
+
+
+def yaml_bool_flags(cls: type, argv: list[str]) -> list[str]:
+    """``argv`` with each boolean a flag of ``cls`` is given in a YAML spelling (``--log.progress false``,
+    ``--algo.bootstrap-truncated=no``; any case, or 1/0) written the way the command-line parser takes
+    it: a switch as ``--log.no-progress`` / ``--log.progress``, a value as ``False`` / ``True``. Other
+    words and flags pass unchanged (a switch keeps its bare form, an ``auto`` stays a value)."""
+    fields = _bool_fields(cls)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        flag, eq, value = arg.partition("=")
+        flag = flag.replace("_", "-")  # the parser takes either; the switch's `no-` form is built on dashes
+        switch = fields.get(flag[2:]) if flag.startswith("--") else None
+        if switch is None:
+            out.append(arg)
+            continue
+        if not eq and i < len(argv) and argv[i].strip().lower() in YAML_TRUE | YAML_FALSE:
+            value, eq = argv[i], "="
+            i += 1
+        if not eq or value.strip().lower() not in YAML_TRUE | YAML_FALSE:
+            out.append(arg)  # a bare switch, `auto`, or a mistake the parser names
+        elif switch:
+            out.append(flag if yaml_bool(value) else _switch_off(flag))
+        else:
+            out += [flag, str(yaml_bool(value))]
+    return out
+
+
 class _Loader(yaml.SafeLoader):
     """YAML 1.1 reads ``1e-4`` (an exponent, no dot) as a string; read it as a number, as YAML 1.2 and
     Python do — learning rates are written that way."""

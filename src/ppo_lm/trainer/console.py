@@ -72,7 +72,8 @@ def banner(trainer) -> str:
     if trainer.env_cls is not None:
         e = trainer.episode_settings
         lines.append(f"  env       {cfg.rollout.env}: ≤ {e.max_turns} turns, ≤ {e.max_episode_tokens} tokens per episode "
-                     "(its turn rewards are the reward)")
+                     f"(its turn rewards are the reward); {trainer.envs.size} worker process"
+                     f"{'es' if trainer.envs.size > 1 else ''}, each call ≤ {trainer.envs.timeout_s:g} s")
     for term in trainer.rewards:
         weight = f" × {term.weight:g}" if len(trainer.rewards) > 1 else ""
         what = f"model: {parameters(term.model)}" if term.model is not None else "verifier"

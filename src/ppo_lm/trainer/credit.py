@@ -1,7 +1,7 @@
 """The token-level credit file, credit.jsonl (docs/report.md): for the episodes samples.jsonl shows, every
 per-token quantity of steps 1–4 — log-probs, KL, shaped reward, value, TD residual, advantage as the
 estimator returned it and as the update used it, return, and the ratio after the update — one JSON line
-per episode, a list per quantity.
+per episode, a list per quantity; a multi-turn episode's also flag its action tokens and list its turns.
 
 ``ppo-lm report`` (:mod:`ppo_lm.reporting.credit_report`) draws it; the file is plain JSON for any other tool too.
 """
@@ -57,6 +57,44 @@ def _row(t: Tensor | None, i: int, n: int, action: list[bool] | None = None) -> 
     return values if action is None else [v if a else None for v, a in zip(values, action)]
 
 
+def episode_turns(batch: RolloutBatch, k: int, tokenizer=None) -> list[list[dict] | None]:
+    """The turns of ``batch``'s first ``k`` episodes as the logs record them (docs/report.md), or None
+    each for a single-turn batch (no ``turn_index``).
+
+    Per turn, ``start`` and ``end`` in the episode's response tokens (0 = the first token after the
+    prompt): the turn's sampled tokens are ``[start, end)`` — the observation, if any, follows from
+    ``end`` — and ``reward``, the environment's reward for it (on token end − 1: a step reward, the
+    score for the last turn). With ``tokenizer``, also ``text`` (the sampled tokens decoded) and
+    ``observation`` (the environment's answer after it decoded; "" when the next turn follows directly).
+    """
+    if batch.turn_index is None:
+        return [None] * k
+    out: list[list[dict] | None] = []
+    for i in range(k):
+        n = int(batch.response_mask[i].sum())
+        turn, action = batch.turn_index[i, :n].tolist(), batch.action_mask[i, :n].tolist()
+        step = batch.step_rewards[i, :n].tolist() if batch.step_rewards is not None else [0.0] * n
+        ids = batch.input_ids[i, batch.prompt_width : batch.prompt_width + n].tolist()
+        spans: list[list[int]] = [[] for _ in range(max(turn) + 1)]  # each turn's action token positions
+        answers: list[list[int]] = [[] for _ in spans]  # and its observation's ids
+        for j, (t, a) in enumerate(zip(turn, action)):
+            if a:
+                spans[t].append(j)
+            else:
+                answers[t].append(ids[j])
+        turns = []
+        for t, pos in enumerate(spans):
+            start, end = pos[0], pos[-1] + 1
+            reward = float(batch.scores[i]) if t == len(spans) - 1 else step[end - 1]
+            rec = {"start": start, "end": end, "reward": _num(reward)}
+            if tokenizer is not None:
+                rec["text"] = tokenizer.decode(ids[start:end], skip_special_tokens=False)
+                rec["observation"] = tokenizer.decode(answers[t], skip_special_tokens=False)
+            turns.append(rec)
+        out.append(turns)
+    return out
+
+
 def ratio_after_update(policy, batch: RolloutBatch, temperature: float) -> Tensor:
     """π_θ(a_t | x_t)/π_old(a_t | x_t) of ``batch``'s response tokens under the updated ``policy``: one
     forward without gradients, computed as the rollout computes logp_old (same forward, same temperature).
@@ -103,6 +141,7 @@ def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, t
     ids = b.input_ids[:, b.prompt_width:].cpu()
     action = ([None] * k if b.action_mask is None  # multi-turn: which tokens the policy sampled
               else [b.action_mask[i, : int(lengths[i])].tolist() for i in range(k)])
+    turns = episode_turns(b, k)  # explicit: adjacent turns (no observation between) are one run of `action`
     records = []
     for i in range(k):
         n = int(lengths[i])
@@ -129,6 +168,7 @@ def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, t
             "tokens": [tokenizer.decode([t], skip_special_tokens=False) for t in token_ids],
             **{key: _row(per_token[key], i, n, action[i]) for key in PER_TOKEN_KEYS},
             **({} if action[i] is None else {"action": action[i]}),
+            **({} if turns[i] is None else {"turns": turns[i]}),
         })
     return records
 
@@ -145,8 +185,10 @@ def log_samples(logger, iteration: int, batch: RolloutBatch, targets: CreditTarg
     ratio = ratio_after_update(policy, rows, cfg.rollout.temperature or 1.0)
     if logger is None:
         return
+    turns = episode_turns(rows, k, tokenizer)
     logger.log_samples(iteration, [
-        {"prompt": batch.prompts[i], "response": batch.responses[i], "score": float(batch.scores[i])}
+        {"prompt": batch.prompts[i], "response": batch.responses[i], "score": float(batch.scores[i]),
+         **({} if turns[i] is None else {"turns": turns[i]})}
         for i in range(k)
     ])
     logger.log_credit(iteration, credit_records(batch, targets, ratio, tokenizer, cfg.algo, k))

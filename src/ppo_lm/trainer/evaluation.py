@@ -15,13 +15,15 @@ from ..rollout.evaluate import evaluate
 from ..rollout.reward import combine_terms, score_with_verifier
 from ..runtime import distributed as dist
 from ..runtime.timing import Timer
+from . import schedule
 
 
 def held_out_metrics(trainer, iteration: int) -> dict[str, float]:
     """``eval_score`` (and ``eval_pass_at_k`` with k > 1, ``eval_turns`` with an environment) over the
     held-out rows, global over ranks: each rank takes a share of the rows; the sampling generator is a
     fixed function of the seed and the iteration, so evaluating never moves the training's random
-    streams, and held-out episodes have seeds of their own, the same at every evaluation."""
+    streams, and held-out episodes have seeds of their own, one per row (its k samples share it), the
+    same at every evaluation and on any number of ranks (trainer/schedule.py)."""
     t = trainer
     cfg, k = t.cfg, t.cfg.log.eval_samples
     timer = Timer()
@@ -30,10 +32,9 @@ def held_out_metrics(trainer, iteration: int) -> dict[str, float]:
     rows = t.eval_rows[t.rank :: t.world]
     out = {"eval_score": 0.0, "eval_pass_at_k": 0.0}
     if rows and t.env_cls is not None:  # held-out episodes: their mean return
-        base = (cfg.seed * 1_000_003 + 999_983) * 10_007 + t.rank * len(rows) * k
-        seeds = [base + i for i in range(len(rows) * k)]
+        seeds = schedule.held_out_seeds(cfg.seed, len(t.eval_rows), rank=t.rank, world=t.world)
         with sharding.gathered(t.policy):
-            out = evaluate_episodes(t.policy.lm, t.tokenizer, t.env_cls, rows, seeds, renderer=t.renderer,
+            out = evaluate_episodes(t.policy.lm, t.tokenizer, t.envs, rows, seeds, renderer=t.renderer,
                                     sampling=params, settings=t.episode_settings, samples=k,
                                     pass_score=cfg.log.eval_pass_score, generator=gen, device=t.device)
     elif rows:

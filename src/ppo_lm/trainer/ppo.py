@@ -40,7 +40,7 @@ from ..runtime.timing import Timer
 from . import adapters, builders, console, credit, schedule, sizing
 from .config import TrainConfig
 from .config_io import dump_yaml, to_dict
-from .diagnostics import rollout_metrics
+from .diagnostics import episode_returns, rollout_metrics
 from .evaluation import held_out_metrics
 from .learner import build_learner
 from .metrics_log import MetricsLogger, truncate_jsonl
@@ -145,7 +145,7 @@ class PPOTrainer:
                                        given=prompt_rows is not None, env=self.env_cls is not None)
         self.prompt_rows, self.eval_rows, self.chat_prompts = found.rows, found.eval_rows, found.chat
         if self.env_cls is not None:
-            self.episode_settings, self.renderer = builders.episode_setup(cfg, self.tokenizer, policy_lm)
+            self.episode_settings, self.renderer, self.envs = builders.episode_setup(cfg, self.tokenizer, policy_lm)
         self.sampling = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
             top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=found.stop_ids,
@@ -207,9 +207,10 @@ class PPOTrainer:
         batch = self.rollout(iteration, timer)
         return self.learn(batch, iteration, timer)
 
-    def episode_seeds(self, iteration: int, n: int) -> list[int]:
-        """A seed per episode of this rank's share of ``iteration`` (trainer/schedule.py)."""
-        return schedule.episode_seeds(self.cfg.seed, iteration, self.rank, n)
+    def episode_seeds(self, iteration: int) -> list[int]:
+        """A seed per group (prompt row) of this rank's share of ``iteration`` (trainer/schedule.py)."""
+        return schedule.episode_seeds(self.cfg.seed, iteration, per_iteration=self.cfg.rollout.num_prompts,
+                                      rank=self.rank, world=self.world)
 
     def rollout(self, iteration: int, timer: Timer | None = None) -> RolloutBatch:
         # 1. Rollout: sample with π_old, then score with π_old, π_ref, V_old and the reward — or, with an
@@ -218,10 +219,8 @@ class PPOTrainer:
         models = RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.rewards,
                                self.gold_verifier)
         if self.env_cls is not None:
-            rows = self.prompts_for(iteration)
             return collect_episodes(
-                models, self.tokenizer, self.env_cls, rows,
-                self.episode_seeds(iteration, len(rows) * cfg.rollout.samples_per_prompt),
+                models, self.tokenizer, self.envs, self.prompts_for(iteration), self.episode_seeds(iteration),
                 renderer=self.renderer, sampling=self.sampling, settings=self.episode_settings,
                 samples_per_prompt=cfg.rollout.samples_per_prompt, generator=self.sample_gen,
                 forward_batch_size=cfg.rollout.forward_batch_size, device=self.device, timer=timer,
@@ -256,7 +255,7 @@ class PPOTrainer:
                 #    tokens for a critic; the critic-free estimators see the episode total.
                 scores, steps = batch.scores, batch.step_rewards
                 if steps is not None and not self.estimator.needs_critic:
-                    scores, steps = scores + steps.where(mask, 0).sum(1), None
+                    scores, steps = episode_returns(batch), None
                 rewards = shape_rewards(scores, batch.logp_old, batch.logp_ref, mask, kl_coef=reward_beta,
                                         kl_estimator=a.kl_estimator, step_rewards=steps)
                 critic_rewards = None
@@ -399,6 +398,8 @@ class PPOTrainer:
                 if it == cfg.iterations or (cfg.log.save_every and it % cfg.log.save_every == 0):
                     save_checkpoint(self.run_state, self.output_dir, it, cfg.log.keep_last)
         finally:
+            if self.env_cls is not None:  # the environments' workers: started again if the trainer goes on
+                self.envs.close()
             if logger:
                 logger.close()
         return history

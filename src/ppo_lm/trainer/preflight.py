@@ -3,7 +3,8 @@ costs a second, not the minutes a big model takes to load (docs/errors.md).
 
 Order: settings → output directory (creatable, writable, no other run unless resuming) → resume
 (a checkpoint is there, the settings match the run's) → model and tokenizer directories (by their
-``config.json`` and file names) → the reward function (imported) → the prompt data (read, columns).
+``config.json`` and file names) → the reward function (imported) → the prompt data (read, columns) →
+the settings this run would ignore (trainer/unused.py: refused, once the files they name were checked).
 """
 
 from __future__ import annotations
@@ -13,17 +14,20 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.prompts import is_conversation
 from ..models.loading import check_model_dir, check_tokenizer_dir
-from ..rollout.environment import load_env
+from ..rollout.environment import EnvError, load_env
+from ..rollout.tools import tool_schemas
 from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError
 from . import builders
 from .checkpoint import MANIFEST, list_checkpoints, verify
 from .config import AlgoConfig, TrainConfig
-from .config_io import from_dict, load_saved_config, resume_differences, to_dict
+from .config_io import flatten, from_dict, load_saved_config, resume_differences, to_dict
 from .files import prepare_output_dir
 from .state import DamagedCheckpointError
 from .trackers import check_trackers
+from .unused import Facts, check_unused
 from .validate import effective_algo, validate_config
 
 
@@ -50,7 +54,8 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     """Run the checks of the module docstring in order; the first failure raises :class:`ConfigError`
     (or :class:`~ppo_lm.models.loading.ModelLoadError`) naming the setting and the fix. ``*_given``:
     that object comes from Python, so its setting is not checked."""
-    validate_config(cfg, dist.world_size())
+    keep = _resumed_settings(cfg)
+    validate_config(cfg, dist.world_size(), keep=keep)
     check_trackers(cfg.log.report_to)
     out = Path(cfg.output_dir)
     if dist.is_main():
@@ -74,18 +79,22 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     if m.critic_init not in ("auto", "policy", "reward"):
         check_model_dir(m.critic_init, "model.critic_init")
 
-    if cfg.data.chat_template not in ("auto", "none") and not Path(cfg.data.chat_template).is_file():
-        raise ConfigError(f"`data.chat_template` {cfg.data.chat_template!r} is not a file; give a Jinja template "
-                          "file, 'auto' (the tokenizer's template) or 'none'")
+    if cfg.data.chat_template not in ("auto", "none"):
+        _check_chat_template(cfg.data.chat_template)  # read and parsed even where the prompts are text
+
+    named = specs  # imported even with an environment, which ignores them: a broken reward is named
 
     env_cls = None
     if cfg.rollout.env is not None:  # its turn rewards replace model.reward (docs/environments.md)
         specs = []
         try:
             env_cls = load_env(cfg.rollout.env)
-        except ValueError as e:
+            tools = getattr(env_cls, "tools", None)
+            if isinstance(tools, (list, tuple)):  # a tool the template cannot describe: before any model loads
+                tool_schemas(list(tools))
+        except (ValueError, EnvError) as e:
             raise ConfigError(str(e)) from None
-    verifiers = {spec: builders.load_reward_verifier(spec) for spec, _ in specs if not builders.is_model_path(spec)}
+    verifiers = {spec: builders.load_reward_verifier(spec) for spec, _ in named if not builders.is_model_path(spec)}
     gold = builders.build_gold_verifier(m)
     rows = None if prompt_rows_given else builders.read_prompt_rows(cfg.data, seed=cfg.seed,
                                                                     env=cfg.rollout.env is not None)
@@ -95,7 +104,56 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
             raise ConfigError("`data.eval_prompts`: evaluation scores with a verifier, but `model.reward` includes a "
                               "reward model; set `model.gold_reward` to the verifier to evaluate with")
         eval_rows = builders.read_prompt_rows(cfg.data, seed=cfg.seed, held_out=True, env=env_cls is not None)
+    _check_unused(cfg, keep, rows, eval_rows)
     return Preflight(resuming, verifiers, gold, rows, eval_rows, env_cls)
+
+
+def _resumed_settings(cfg: TrainConfig) -> dict:
+    """The settings of the run this start resumes (its config.yaml, flattened); empty for a new run. They
+    were accepted when the run began and a resume must keep them, so the check of unused settings does
+    not refuse them again (a rule added since would leave the run impossible to continue)."""
+    out = Path(cfg.output_dir)
+    if not (cfg.resume or cfg.auto_resume) or not list_checkpoints(out):
+        return {}
+    return flatten(load_saved_config(out / "config.yaml"))
+
+
+def _check_chat_template(path: str) -> None:
+    """A ``data.chat_template`` file is a readable Jinja template, whether or not the prompts use it."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"`data.chat_template` {path!r} is not a file; give a Jinja template file, 'auto' (the "
+                          "tokenizer's template) or 'none'")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = "it is not a text (UTF-8) file" if isinstance(e, UnicodeDecodeError) else e.strerror or str(e)
+        raise ConfigError(f"`data.chat_template` {path!r} cannot be read: {why}") from None
+    if not text.strip():
+        raise ConfigError(f"`data.chat_template` {path!r} is empty; give a Jinja template")
+    import jinja2
+
+    try:  # as transformers compiles a chat template (its own tags, e.g. {% generation %}, where it has them)
+        from transformers.utils.chat_template_utils import _compile_jinja_template as compile_template
+    except ImportError:
+        compile_template = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).from_string
+    try:
+        compile_template(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ConfigError(f"`data.chat_template` {path!r} is not a valid Jinja template: {e.message} "
+                          f"(line {e.lineno})") from None
+
+
+def _check_unused(cfg: TrainConfig, keep: dict, rows: list[dict] | None, eval_rows: list[dict] | None) -> None:
+    """The settings this run ignores (trainer/unused.py), now that every file they name has been read:
+    refused, or — where a shipped workflow writes them — warned about."""
+    chat = None
+    if rows is not None and cfg.rollout.env is None:  # an environment's rows: its reset reads them
+        column = cfg.data.prompt_column
+        chat = any(is_conversation(r[0][column]) for r in (rows, eval_rows or []) if r)
+    cuda = builders.resolve_device(cfg.model.device).type == "cuda" if cfg.model.cpu_lanes else None
+    facts = Facts(files_read=True, torchrun=dist.is_initialized(), cuda=cuda, chat_prompts=chat)
+    check_unused(cfg, facts, keep, warn=True)
 
 
 def _check_one_label(config: dict, spec: str) -> None:

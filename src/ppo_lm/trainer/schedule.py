@@ -1,9 +1,18 @@
 """Which prompts and episode seeds an iteration uses: fixed functions of the run's seed, the iteration
-and the rank, so a resumed run sees the same data and its environments replay the same episodes."""
+and the row's place in it, so a resumed run sees the same data and its environments replay the same
+episodes, on any number of ranks."""
 
 from __future__ import annotations
 
 import torch
+
+
+def positions(iteration: int, *, per_iteration: int, rank: int, world: int) -> range:
+    """This rank's share of ``iteration`` (1-based) as positions in the run's stream of prompt rows:
+    ``per_iteration`` a step, split evenly over ``world`` ranks in rank order."""
+    local = per_iteration // world
+    start = (iteration - 1) * per_iteration + rank * local
+    return range(start, start + local)
 
 
 def prompt_indices(n_rows: int, iteration: int, *, per_iteration: int, rank: int, world: int, seed: int,
@@ -14,11 +23,9 @@ def prompt_indices(n_rows: int, iteration: int, *, per_iteration: int, rank: int
     ranks; each pass over the data (an epoch) uses a fresh permutation seeded by ``seed`` and the epoch
     when ``shuffle``.
     """
-    local = per_iteration // world
-    start = (iteration - 1) * per_iteration + rank * local
     perms: dict[int, torch.Tensor] = {}
     out = []
-    for pos in range(start, start + local):
+    for pos in positions(iteration, per_iteration=per_iteration, rank=rank, world=world):
         epoch, i = divmod(pos, n_rows)
         if shuffle:
             if epoch not in perms:
@@ -28,7 +35,32 @@ def prompt_indices(n_rows: int, iteration: int, *, per_iteration: int, rank: int
     return out
 
 
-def episode_seeds(seed: int, iteration: int, rank: int, n: int) -> list[int]:
-    """A seed per episode of this rank's ``n`` episodes of ``iteration``."""
-    base = (seed * 1_000_003 + iteration) * 10_007 + rank * n
-    return [base + i for i in range(n)]
+TRAIN, HELD_OUT = 0, 1
+"""The streams of episode seeds: training groups, and held-out rows (the same at every evaluation)."""
+
+STREAM_SPAN = 1 << 40
+"""Groups one stream holds before its seeds would run into the next stream's (10¹² groups)."""
+
+
+def group_seed(seed: int, stream: int, index: int) -> int:
+    """The environment seed of group ``index`` of ``stream`` in the run seeded ``seed``: distinct for
+    every (stream, index) of one run, so no two groups of a run — on any rank, in any iteration —
+    play one seed. ``(seed · 2 + stream) · 2⁴⁰ + index``: a non-negative int for a non-negative
+    ``seed``, below 2⁵³ (exact in JSON readers) for seeds below 4096."""
+    if not 0 <= index < STREAM_SPAN:
+        raise ValueError(f"group index {index} outside [0, 2**40)")
+    return (seed * 2 + stream) * STREAM_SPAN + index
+
+
+def episode_seeds(seed: int, iteration: int, *, per_iteration: int, rank: int, world: int) -> list[int]:
+    """A seed per group (prompt row) of this rank's share of ``iteration``: the group's position in the
+    run's stream of rows (:func:`positions`), so the seeds do not depend on the number of ranks; the G
+    episodes of a group share it (docs/environments.md)."""
+    return [group_seed(seed, TRAIN, pos)
+            for pos in positions(iteration, per_iteration=per_iteration, rank=rank, world=world)]
+
+
+def held_out_seeds(seed: int, n_rows: int, *, rank: int, world: int) -> list[int]:
+    """A seed per held-out row of this rank's share (rows ``rank``, ``rank + world``, …): the row's
+    index among all held-out rows, the same at every evaluation and on any number of ranks."""
+    return [group_seed(seed, HELD_OUT, i) for i in range(rank, n_rows, world)]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from ..algorithms import get_advantage_estimator
 from ..runtime.errors import ConfigError
 from ..runtime.settings import check_ranges
 from .config import AlgoConfig, TrainConfig
 from .config_io import check_types
+from .unused import Facts, check_unused
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 
@@ -70,23 +73,22 @@ def _check_estimator(cfg: TrainConfig) -> None:
             "`algo.kl_coef` to 0 (to resume a run written before this check, which ran without a KL: "
             "`--algo.kl-coef 0`)"
         )
-    o = cfg.optim
-    for name, value, unset in (("critic_epochs", o.critic_epochs, None), ("critic_warmup_iterations",
-                                                                         o.critic_warmup_iterations, 0)):
-        if value != unset and not spec.needs_critic:
-            raise ConfigError(
-                f"`optim.{name}`={value} has no critic to train: `algo.estimator`={a.estimator!r} is "
-                "critic-free; leave it out (in `ppo-lm compare`, set it in the gae section of `per_estimator`)"
-            )
-    if not a.bootstrap_truncated and not spec.needs_critic:
-        raise ConfigError(
-            f"`algo.bootstrap_truncated`=false has no effect: `algo.estimator`={a.estimator!r} has no critic "
-            "to bootstrap from; leave it out (in `ppo-lm compare`, set it in the gae section of `per_estimator`)"
-        )
+    # the critic's settings with a critic-free estimator: trainer/unused.py, with every unused setting
     if spec.needs_groups and r.samples_per_prompt < 2:
         raise ConfigError(
             f"`algo.estimator`={a.estimator!r} compares samples of the same prompt: set "
             f"`rollout.samples_per_prompt` >= 2 (got {r.samples_per_prompt})"
+        )
+
+
+def _check_env(cfg: TrainConfig) -> None:
+    """Settings an environment's episodes would silently ignore."""
+    r = cfg.rollout
+    if r.env is not None and r.missing_eos_penalty:
+        # Only the single-turn rollout subtracts it; an episode's rewards are the environment's own.
+        raise ConfigError(
+            f"`rollout.missing_eos_penalty`={r.missing_eos_penalty} has no effect with `rollout.env`: an episode's "
+            "rewards are its environment's alone; leave `rollout.missing_eos_penalty` out (0) with an environment"
         )
 
 
@@ -110,9 +112,11 @@ def _check_batch_division(cfg: TrainConfig, world_size: int) -> None:
         )
 
 
-def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
+def validate_config(cfg: TrainConfig, world_size: int = 1, *, keep: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` naming the first bad field: its type, the range its field declares
-    (trainer/config.py), then the rules that tie several fields together."""
+    (trainer/config.py), then the rules that tie several fields together, then a setting this run would
+    ignore (trainer/unused.py; those that involve a file wait for the start-up checks, which read it).
+    ``keep``: a resumed run's own settings (its flattened config.yaml), not refused as unused again."""
     check_types(cfg)
     check_ranges(cfg, error=ConfigError)
     r = cfg.rollout
@@ -126,7 +130,9 @@ def validate_config(cfg: TrainConfig, world_size: int = 1) -> None:
     _check_lora(cfg)
     _check_builtin(cfg)
     _check_estimator(cfg)
+    _check_env(cfg)
     _check_batch_division(cfg, world_size)
+    check_unused(cfg, Facts(torchrun=True if world_size > 1 else None), keep)
 
 
 def resolve_algo(a: AlgoConfig) -> AlgoConfig:
