@@ -244,7 +244,10 @@ def run_config(cfg: CompareConfig, estimator: str, seed: int) -> TrainConfig:
                        file_settings=cfg.file_settings, per_estimator=cfg.per_estimator)
     if cfg.smoke:  # over the --config file's sizes too: a wiring check of a real model's settings stays short
         run.rollout.max_new_tokens, run.optim.epochs, run.optim.num_minibatches = 4, 1, 1
-        run.data.builtin_num_prompts, run.data.builtin_eval_prompts = 32, 8
+        if run.data.prompts == "builtin:equations":  # the built-in task's sizes: prompts of your own have theirs
+            run.data.builtin_num_prompts = 32
+        if run.data.eval_prompts == "builtin:equations":
+            run.data.builtin_eval_prompts = 8
         run.data.eval_max_prompts, run.log.eval_every = SMOKE_EVAL_PROMPTS, 1
     run.algo.estimator = estimator  # type: ignore[assignment]  # checked against the registry
     run.seed = seed

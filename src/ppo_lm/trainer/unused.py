@@ -274,7 +274,6 @@ GAE_ONLY = "leave it out (in `ppo-lm compare`, set it in the gae section of `per
 LEAVE = "leave it out"
 COMPARE_BASE = ("`ppo-lm compare` gives every estimator the demo preset's `optim.critic_lr` "
                 "(src/ppo_lm/presets/demo_ppo.yaml), and `ppo-lm demo --ppo.algo.estimator grpo` does too")
-COMPARE_SMOKE = "`ppo-lm compare --smoke` sets the built-in task's sizes for every run, whatever its prompts"
 RECIPE_ENV = ("examples/real_model/run.py passes its reward `--model.reward rewards.py:correct` with any --config, "
               "examples/multi_turn/ppo.yaml's environment included")
 
@@ -323,13 +322,13 @@ RULES: tuple[Rule, ...] = (
     Rule(("log.eval_pass_score",), _greedy_eval, "leave it out, or set `log.eval_samples` > 1"),
     Rule(("data.builtin_eval_prompts",), _not_builtin("data.eval_prompts", lambda c: c.data.eval_prompts, BUILTIN,
                                                      "the built-in task's prompts"), LEAVE,
-         after_files=True, shared_by=COMPARE_SMOKE),
+         after_files=True),
     Rule(("data.eval_split",), _splitless("data.eval_prompts", lambda c: c.data.eval_prompts), LEAVE,
          after_files=True),
     # The prompts and the policy.
     Rule(("data.builtin_num_prompts",), _not_builtin("data.prompts", lambda c: c.data.prompts, BUILTIN,
                                                     "the built-in task's prompts"), LEAVE,
-         after_files=True, shared_by=COMPARE_SMOKE + " (and tests/trainer_helpers.py's tiny_config)"),
+         after_files=True, shared_by="tests/trainer_helpers.py's tiny_config sizes the built-in task for every test"),
     Rule(("data.split",), _splitless("data.prompts", lambda c: c.data.prompts), LEAVE, after_files=True),
     Rule(("data.chat_template",), _plain_text, "leave it out, or give the prompts as chat messages",
          after_files=True),
@@ -348,8 +347,7 @@ RULES: tuple[Rule, ...] = (
     # Logging.
     Rule(("log.num_samples",), _no_samples, "leave it out, or set `log.sample_every` > 0"),
     Rule(("log.run_name",), _unnamed_run, "leave it out, or add wandb, mlflow or trackio to `log.report_to`"),
-    Rule(("log.print_every",), _no_progress, "leave it out, or set `log.progress` true",
-         shared_by="`ppo-lm compare` sets it with `log.progress` false for every run"),
+    Rule(("log.print_every",), _no_progress, "leave it out, or set `log.progress` true"),
 )
 
 
