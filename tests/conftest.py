@@ -24,3 +24,15 @@ def saved_policy(tmp_path_factory):
     build_tiny_policy(tok, seed=0, hidden_size=32).save_pretrained(d)
     tok.save_pretrained(d)
     return d
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any model build fails the test: the error must come from a check before it."""
+    from ppo_lm.trainer import builders
+
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded before the error")
+
+    monkeypatch.setattr(builders, "build_policy", boom)
+    monkeypatch.setattr(builders, "build_tokenizer", boom)

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from trainer_helpers import bpe_tokenizer, tiny_config
+from trainer_helpers import action_runs, bpe_tokenizer, tiny_config
 
 from ppo_lm.cli.main import main
 from ppo_lm.rollout.environment import EnvError, Renderer
@@ -61,19 +61,6 @@ def trainer(tmp_path, env_file, cls="Echo", **kw):
     return PPOTrainer(tiny_config(tmp_path / "run", rollout__env=f"{env_file}:{cls}", **kw))
 
 
-def turns_of(batch, i):
-    """Row i's runs of action tokens and of observation tokens, as (is_action, ids) in order."""
-    ids = batch.input_ids[i, batch.prompt_width:][batch.response_mask[i]].tolist()
-    act = batch.action_mask[i][batch.response_mask[i]].tolist()
-    runs = []
-    for t, a in zip(ids, act):
-        if runs and runs[-1][0] == a:
-            runs[-1][1].append(t)
-        else:
-            runs.append((a, [t]))
-    return runs
-
-
 def test_token_in_token_out_and_the_turn_rewards(tmp_path, env_file, monkeypatch):
     import json
 
@@ -86,7 +73,7 @@ def test_token_in_token_out_and_the_turn_rewards(tmp_path, env_file, monkeypatch
     for i in range(b.size):
         seed = tr.episode_seeds(1)[i]
         texts = [t for s, _, t in sorted(r for r in record if r[0] == seed)]
-        runs = turns_of(b, i)
+        runs = action_runs(b, i)
         actions = [ids for a, ids in runs if a]
         observations = [ids for a, ids in runs if not a]
         # the observations are the environment's answers, tokenized alone
@@ -137,7 +124,7 @@ def test_the_turn_limit_truncates_and_bootstraps(tmp_path, env_file):
     assert not bool(b.terminated.any()) and b.episode_info["turns"].tolist() == [2] * b.size
     # the last observation is kept: the bootstrap value is V of the context after it
     for i in range(b.size):
-        assert turns_of(b, i)[-1][0] is False
+        assert action_runs(b, i)[-1][0] is False
     m = tr.learn(b, 1).metrics
     assert m["done_frac"] == 0 and m["turns_mean"] == 2 and m["truncated_frac"] == 1
 

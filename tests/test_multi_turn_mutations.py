@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_helpers import tiny_config
+from trainer_helpers import action_runs, tiny_config
 
 from ppo_lm.models.hf_compat import scalar_head, trunk
 from ppo_lm.trainer.ppo import PPOTrainer
@@ -55,19 +55,6 @@ def make_trainer(tmp_path, env_file, cls, **kw):
     return PPOTrainer(tiny_config(tmp_path / "run", rollout__env=f"{env_file}:{cls}", **kw))
 
 
-def runs_of(batch, i):
-    """Row i's response as runs of action and of observation tokens: [(is_action, [ids]), …] in order."""
-    ids = batch.input_ids[i, batch.prompt_width:][batch.response_mask[i]].tolist()
-    act = batch.action_mask[i][batch.response_mask[i]].tolist()
-    runs = []
-    for t, a in zip(ids, act):
-        if runs and runs[-1][0] == a:
-            runs[-1][1].append(t)
-        else:
-            runs.append((a, [t]))
-    return runs
-
-
 def prompt_ids(batch, i):
     return batch.input_ids[i, :batch.prompt_width][batch.attention_mask[i, :batch.prompt_width].bool()].tolist()
 
@@ -101,7 +88,7 @@ def test_the_turn_limit_bootstraps_from_v_after_the_trailing_observation(tmp_pat
     tok = tr.tokenizer
     want, wrong = [], []
     for i in range(b.size):
-        runs = runs_of(b, i)
+        runs = action_runs(b, i)
         # action, " ok1:", action, " ok2:": the turn limit ends the episode after the second answer
         assert [a for a, _ in runs] == [True, False, True, False]
         assert runs[-1][1] == tok(" ok2:", add_special_tokens=False)["input_ids"]
@@ -156,7 +143,7 @@ def test_critic_free_estimators_see_the_episode_total(tmp_path, env_file, estima
     # each turn's reward from the text the environment got: the turn's sampled ids, stop token aside
     turn_rewards, tokens = [], []
     for i in range(b.size):
-        actions = [ids for a, ids in runs_of(b, i) if a]
+        actions = [ids for a, ids in action_runs(b, i) if a]
         assert len(actions) == 3
         turn_rewards.append([float(len(tok.decode(ids[:-1] if ids[-1] in stops else ids, skip_special_tokens=True)))
                              for ids in actions])

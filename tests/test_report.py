@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shutil
 
 import pytest
+from browser_helpers import browser
 from trainer_helpers import length_reward, tiny_config
 
 from ppo_lm.cli.main import main
@@ -126,31 +126,6 @@ def test_the_raw_advantage_is_labelled_as_what_the_runs_estimator_returned(estim
 
 
 # ------------------------------------------------------------------------------------------------
-def _browser():
-    """Headless Chromium through Selenium and the system's chromedriver (nothing is downloaded). Where
-    either is missing the test skips, saying so — except under CI (.ci/run installs them), where it fails."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        webdriver = None
-    if not (chromium and driver and webdriver):
-        missing = ", ".join(n for n, ok in (("chromium", chromium), ("chromedriver", driver),
-                                            ("selenium", webdriver)) if not ok)
-        reason = f"{missing} not installed (apt-get install chromium chromium-driver; pip install selenium)"
-        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-            pytest.fail(f"CI must run the browser test: {reason}")
-        pytest.skip(reason)
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,900"):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(options=opts, service=Service(driver))
-
-
 def _rgb(css: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", css)[:3])
 
@@ -158,7 +133,7 @@ def _rgb(css: str) -> tuple[int, ...]:
 def test_the_page_in_a_headless_browser(run_dir):
     assert main(["report", str(run_dir)]) == 0
     records = _records(run_dir, 2)
-    driver = _browser()
+    driver = browser()
     try:
         from selenium.webdriver.common.action_chains import ActionChains
         from selenium.webdriver.common.by import By
@@ -226,7 +201,7 @@ def test_observation_tokens_are_null_in_the_credit_file_and_apart_on_the_page(en
         for key in ("advantage", "value", "kl", "ratio", "reward"):
             assert all((v is None) == (not a) for v, a in zip(r[key], r["action"])), key
     assert main(["report", str(env_run_dir)]) == 0
-    driver = _browser()
+    driver = browser()
     try:
         from selenium.webdriver.common.action_chains import ActionChains
         from selenium.webdriver.common.by import By

@@ -7,12 +7,11 @@ answer) stay two turns; `ppo-lm report` counts and marks turns from them, and re
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 
 import pytest
 import torch
+from browser_helpers import browser
 from trainer_helpers import tiny_config
 
 from ppo_lm.cli.main import main
@@ -119,7 +118,7 @@ def test_the_report_counts_and_marks_adjacent_turns(adjacent_run):
     # what the page counts and marks turns from (the header's count, a bar at each later turn's start)
     assert data["turns"] == [r["turns"] for r in records]
     assert data["episodes"] == records
-    driver = _browser()
+    driver = browser()
     try:
         from selenium.webdriver.common.action_chains import ActionChains
         from selenium.webdriver.common.by import By
@@ -202,25 +201,3 @@ def test_turn_records_of_a_batch():
     records = credit_records(single, CreditTargets(zeros, zeros, zeros, None, 0.0), zeros, tok, algo, B)
     assert not any("turns" in r or "action" in r for r in records)
 
-
-def _browser():
-    """Headless Chromium through Selenium and the system's chromedriver, as tests/test_report.py: the
-    test skips without them, saying so, except under CI, where it fails."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        webdriver = None
-    if not (chromium and driver and webdriver):
-        reason = "chromium, chromedriver or selenium not installed (apt-get install chromium chromium-driver)"
-        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-            pytest.fail(f"CI must run the browser test: {reason}")
-        pytest.skip(reason)
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,900"):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(options=opts, service=Service(driver))

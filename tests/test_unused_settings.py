@@ -14,7 +14,6 @@ from trainer_helpers import tiny_config
 
 from ppo_lm.cli.main import main
 from ppo_lm.runtime.errors import ConfigError, UserError
-from ppo_lm.trainer import builders
 from ppo_lm.trainer.config import TrainConfig
 from ppo_lm.trainer.config_io import load_yaml
 from ppo_lm.trainer.preflight import preflight
@@ -24,15 +23,6 @@ from ppo_lm.trainer.validate import validate_config
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 KNOWN = Facts(files_read=True, torchrun=False, cuda=False, chat_prompts=False)
-
-
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("a model was loaded before the error")
-
-    monkeypatch.setattr(builders, "build_policy", boom)
-    monkeypatch.setattr(builders, "build_tokenizer", boom)
 
 
 def _cfg(tmp_path, **overrides) -> TrainConfig:

@@ -53,3 +53,16 @@ def bpe_tokenizer(corpus: list[str], vocab_size: int = 300, chat_template: str |
     t = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_start|>")
     t.chat_template = chat_template
     return t
+
+
+def action_runs(batch, i):
+    """Row i's response as runs of action and of observation tokens: [(is_action, [ids]), …] in order."""
+    ids = batch.input_ids[i, batch.prompt_width:][batch.response_mask[i]].tolist()
+    act = batch.action_mask[i][batch.response_mask[i]].tolist()
+    runs = []
+    for t, a in zip(ids, act):
+        if runs and runs[-1][0] == a:
+            runs[-1][1].append(t)
+        else:
+            runs.append((a, [t]))
+    return runs
