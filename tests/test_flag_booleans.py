@@ -87,5 +87,22 @@ def test_compare_switches_take_yaml_booleans(tmp_path):
     c = compare.parse_args([*out, "--overwrite", "--smoke", "Off"])
     assert c.overwrite is True and c.smoke is False and c.iterations == compare.CompareConfig().iterations
     assert compare.parse_args([*out, "--smoke", "1"]).iterations == compare.SMOKE_ITERATIONS
-    with pytest.raises(UsageError, match="argument --overwrite: invalid boolean value: 'maybe'"):
+    with pytest.raises(UsageError, match="unrecognized arguments: maybe"):
         compare.parse_args([*out, "--overwrite", "maybe"])
+    with pytest.raises(UsageError, match="--overwrite: ignored explicit argument 'maybe'"):
+        compare.parse_args([*out, "--overwrite=maybe"])
+
+
+def test_every_commands_switches_take_yaml_booleans():
+    """The switches of the argparse commands (bench, export, compare, …) as the config's flags: bare,
+    or given a YAML boolean as the next word or after `=`; a word that is not one stays an argument."""
+    from ppo_lm.runtime.errors import ArgumentParser
+
+    p = ArgumentParser(prog="x")
+    p.add_argument("path", nargs="?")
+    p.add_argument("--json", action="store_true")
+    assert p.parse_args(["--json"]).json is True and p.parse_args([]).json is False
+    for word, value in (("yes", True), ("On", True), ("1", True), ("false", False), ("NO", False), ("0", False)):
+        assert p.parse_args(["--json", word]).json is value and p.parse_args([f"--json={word}"]).json is value
+    assert vars(p.parse_args(["--json", "run_dir"])) == {"json": True, "path": "run_dir"}
+    assert vars(p.parse_args(["run_dir", "--json", "off"])) == {"json": False, "path": "run_dir"}

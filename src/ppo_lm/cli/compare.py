@@ -108,16 +108,6 @@ def _csv(kind: type, what: str):
     return parse
 
 
-def _switch(text: str) -> bool:
-    """A switch given a value, spelt as in YAML (``--overwrite false``, ``--smoke yes``)."""
-    from ..trainer.config_io import yaml_bool
-
-    return yaml_bool(text)
-
-
-_switch.__name__ = "boolean"  # argparse names the type in "invalid … value"
-
-
 def parse_args(argv: list[str]) -> CompareConfig:
     d = CompareConfig()
     p = ArgumentParser(prog="ppo-lm compare", description="Advantage estimators side by side: the same task, start, "
@@ -145,9 +135,9 @@ def parse_args(argv: list[str]) -> CompareConfig:
     p.add_argument("--env", default=None, help="a multi-turn environment for every run (as `rollout.env`), e.g. "
                    "builtin:equations_retry")
     p.add_argument("--output-dir", "--output_dir", default=d.output_dir, help=f"default {d.output_dir}/")
-    p.add_argument("--overwrite", nargs="?", const=True, default=False, type=_switch,
+    p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier comparison's outputs in --output-dir")
-    p.add_argument("--smoke", nargs="?", const=True, default=False, type=_switch,
+    p.add_argument("--smoke", action="store_true",
                    help="tiny sizes that run in seconds (wiring check): at most "
                    f"{SMOKE_ITERATIONS} iterations of 8 episodes, 4-token responses, {SMOKE_EVAL_PROMPTS} held-out prompts")
     a = p.parse_args(argv)

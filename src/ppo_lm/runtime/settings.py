@@ -106,3 +106,17 @@ def resumable(cls: type, prefix: str = "") -> list[str]:
         elif dataclasses.is_dataclass(tp):
             out.extend(resumable(tp, f"{name}."))
     return out
+
+
+YAML_TRUE = frozenset({"true", "yes", "on", "1"})
+YAML_FALSE = frozenset({"false", "no", "off", "0"})
+"""The spellings of a boolean a flag takes, in any case: YAML 1.1's words, as a config file writes them
+(``bootstrap_truncated: false``), and 1/0."""
+
+
+def yaml_bool(text: str) -> bool:
+    """``text`` as a boolean (:data:`YAML_TRUE`, :data:`YAML_FALSE`); ValueError otherwise."""
+    word = text.strip().lower()
+    if word in YAML_TRUE or word in YAML_FALSE:
+        return word in YAML_TRUE
+    raise ValueError(f"{text!r} is not a boolean; give true or false")

@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import yaml
 
 from ..runtime.errors import ConfigError
-from ..runtime.settings import resumable
+from ..runtime.settings import YAML_FALSE, YAML_TRUE, resumable, yaml_bool
 from .files import atomic_write_text
 
 C = TypeVar("C")
@@ -109,20 +109,6 @@ def from_dict(cls: type[C], data: dict[str, Any] | None, *, prefix: str = "", ba
         else:
             setattr(obj, norm, _check_value(full, tp, value))
     return obj
-
-
-YAML_TRUE = frozenset({"true", "yes", "on", "1"})
-YAML_FALSE = frozenset({"false", "no", "off", "0"})
-"""The spellings of a boolean a flag takes, in any case: YAML 1.1's words, as a config file writes them
-(``bootstrap_truncated: false``), and 1/0."""
-
-
-def yaml_bool(text: str) -> bool:
-    """``text`` as a boolean (:data:`YAML_TRUE`, :data:`YAML_FALSE`); ValueError otherwise."""
-    word = text.strip().lower()
-    if word in YAML_TRUE or word in YAML_FALSE:
-        return word in YAML_TRUE
-    raise ValueError(f"{text!r} is not a boolean; give true or false")
 
 
 def _bool_fields(cls: type, prefix: str = "") -> dict[str, bool]:
