@@ -262,7 +262,7 @@ def test_every_rule_names_fields_that_exist_and_a_fix():
 def test_the_kl_placement_the_rules_read_is_the_trainers():
     """unused.py resolves `algo.kl_in: auto` itself (validate.py imports it); the two must agree."""
     from ppo_lm.algorithms import ADVANTAGE_ESTIMATORS
-    from ppo_lm.trainer.unused import _kl_in
+    from ppo_lm.trainer.unused_rules import _kl_in
     from ppo_lm.trainer.validate import resolve_algo
 
     for estimator in ADVANTAGE_ESTIMATORS:

@@ -81,17 +81,6 @@ def _check_estimator(cfg: TrainConfig) -> None:
         )
 
 
-def _check_env(cfg: TrainConfig) -> None:
-    """Settings an environment's episodes would silently ignore."""
-    r = cfg.rollout
-    if r.env is not None and r.missing_eos_penalty:
-        # Only the single-turn rollout subtracts it; an episode's rewards are the environment's own.
-        raise ConfigError(
-            f"`rollout.missing_eos_penalty`={r.missing_eos_penalty} has no effect with `rollout.env`: an episode's "
-            "rewards are its environment's alone; leave `rollout.missing_eos_penalty` out (0) with an environment"
-        )
-
-
 def _check_batch_division(cfg: TrainConfig, world_size: int) -> None:
     r, o = cfg.rollout, cfg.optim
     if r.num_prompts % world_size:
@@ -130,7 +119,6 @@ def validate_config(cfg: TrainConfig, world_size: int = 1, *, keep: Mapping[str,
     _check_lora(cfg)
     _check_builtin(cfg)
     _check_estimator(cfg)
-    _check_env(cfg)
     _check_batch_division(cfg, world_size)
     check_unused(cfg, Facts(torchrun=True if world_size > 1 else None), keep)
 
