@@ -47,7 +47,7 @@ def test_logp_old_matches_training_forward_on_a_minibatch(tmp_path):
     cfg = tiny_config(tmp_path, rollout__num_prompts=16, rollout__max_new_tokens=8)
     tr = PPOTrainer(cfg, verifier=count_sevens)
     batch = collect_rollout(
-        RolloutModels(tr.policy, tr.ref, tr.critic, False, (RewardTerm('count_sevens', verifier=count_sevens),)), tr.tokenizer, tr.prompts_for(1),
+        tr.engine, RolloutModels(tr.policy, tr.ref, tr.critic, False, (RewardTerm('count_sevens', verifier=count_sevens),)), tr.tokenizer, tr.prompts_for(1),
         prompt_column="prompt", sampling=tr.sampling, samples_per_prompt=1, generator=tr.sample_gen,
     )
     assert not batch.terminated.all(), "want a mix of terminated and truncated rows"

@@ -88,7 +88,7 @@ def host_load(before: HostCPU | None, after: HostCPU | None, own_s: float) -> di
 def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float]:
     """Tokens/s of ``transformers`` ``model.generate`` vs ppo-lm's ``rollout.sampling.generate`` on the
     workload's policy and prompt batch (B × P prompts, exactly R sampled tokens, temperature 1)."""
-    from ..rollout.sampling import SamplingParams, generate
+    from ..rollout.sampling import SamplingParams
 
     tok, lm = trainer.tokenizer, trainer.policy.lm
     R = shape.response_len  # W1's sampling on either workload: exactly R tokens, EOS masked
@@ -107,8 +107,7 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
 
     def ours():
-        generate(lm, ids, mask, params, pad_token_id=tok.pad_token_id,
-                 generator=torch.Generator(device=device).manual_seed(0))
+        trainer.engine.generate(ids, mask, params, generator=torch.Generator(device=device).manual_seed(0))
 
     out = {}
     for name, fn in (("hf_generate", hf), ("ppo_lm_generate", ours)):

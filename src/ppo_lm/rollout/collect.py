@@ -11,10 +11,11 @@ from torch import Tensor
 from ..data.prompts import encode_prompts
 from ..models.actor_critic import CriticModel, PolicyModel
 from ..models.lora import adapters_off
-from ..models.sharding import frozen_mode, gathered
+from ..models.sharding import frozen_mode
 from ..runtime.lanes import Lanes
 from ..runtime.timing import Timer
 from .batch import RolloutBatch, agreed_length_groups
+from .engine import GenerationEngine
 from .reward import (
     RewardTerm,
     Verifier,
@@ -23,7 +24,7 @@ from .reward import (
     score_with_verifier,
     verifier_rewards,
 )
-from .sampling import Generation, SamplingParams, generate
+from .sampling import Generation, SamplingParams
 from .steps import Steps, merge_steps, step_reward_tensor, weighted
 from .text import kept_ids
 
@@ -39,6 +40,7 @@ class RolloutModels:
 
 
 def collect_rollout(
+    engine: GenerationEngine,
     models: RolloutModels,
     tokenizer,
     prompt_rows: list[dict],
@@ -55,7 +57,7 @@ def collect_rollout(
     lanes: Lanes | None = None,
     add_special_tokens: bool = True,
 ) -> RolloutBatch:
-    """Sample ``samples_per_prompt`` responses per prompt row and score them.
+    """Sample ``samples_per_prompt`` responses per prompt row with ``engine`` and score them with ``models``.
 
     ``lanes``: how forwards over rows run (on CPU: shares side by side, :mod:`ppo_lm.runtime.lanes`).
     ``logp_from_sampler``: logp_old from the decode logits (no scoring forward of the policy, unless
@@ -71,12 +73,8 @@ def collect_rollout(
     prompt_ids, prompt_mask = (t.to(device) for t in encode_prompts(tokenizer, prompts, add_special_tokens))
 
     with timer("generate_s"):
-        models.policy.lm.eval()
-        with gathered(models.policy):  # FSDP: one all-gather for the whole decode
-            gen = generate(
-                models.policy.lm, prompt_ids, prompt_mask, sampling, pad_token_id=tokenizer.pad_token_id,
-                generator=generator, return_logprobs=logp_from_sampler,
-            )
+        gen = engine.generate(prompt_ids, prompt_mask, sampling, generator=generator,
+                              return_logprobs=logp_from_sampler)
     with timer("score_s"):
         return score_rollout(models, tokenizer, prompt_rows, prompts, prompt_ids, prompt_mask, gen,
                              prompt_column=prompt_column, samples_per_prompt=samples_per_prompt,

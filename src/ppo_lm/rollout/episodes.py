@@ -15,13 +15,13 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..data.examples import pad_sequences
-from ..models.sharding import gathered
 from ..runtime.timing import Timer
 from .batch import RolloutBatch
 from .collect import RolloutModels, old_values, score_sequences
+from .engine import GenerationEngine
 from .env_pool import EnvPool
 from .environment import EnvError, Renderer
-from .sampling import SamplingParams, generate
+from .sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def start_episodes(envs: EnvPool, rows: list[dict], seeds: list[int], renderer: 
     return episodes
 
 
-def take_turn(lm, tokenizer, envs: EnvPool, episodes: list[Episode], renderer: Renderer, sampling: SamplingParams,
+def take_turn(engine: GenerationEngine, tokenizer, envs: EnvPool, episodes: list[Episode], renderer: Renderer, sampling: SamplingParams,
               s: EpisodeSettings, generator, *, last_turn: bool, device) -> None:
     """One turn of every unfinished episode: sample in one batch, then step their environments (in
     parallel, over the pool's workers)."""
@@ -72,7 +72,7 @@ def take_turn(lm, tokenizer, envs: EnvPool, episodes: list[Episode], renderer: R
                                                      tokenizer.pad_token_id, side="left"))
     limit = min(sampling.max_new_tokens, max(e.room(s.max_episode_tokens) for e in active))
     params = replace(sampling, max_new_tokens=limit, min_new_tokens=min(sampling.min_new_tokens, limit))
-    gen = generate(lm, ids, mask, params, pad_token_id=tokenizer.pad_token_id, generator=generator)
+    gen = engine.generate(ids, mask, params, generator=generator)
     turns = []  # per active episode: (text, stop text or None)
     for e, row, row_mask, stopped in zip(active, gen.responses, gen.mask, gen.terminated):
         sampled = row[row_mask].tolist()[: e.room(s.max_episode_tokens)]
@@ -102,23 +102,24 @@ def take_turn(lm, tokenizer, envs: EnvPool, episodes: list[Episode], renderer: R
         e.finished = last_turn
 
 
-def run_episodes(lm, tokenizer, envs: EnvPool, rows: list[dict], seeds: list[int], *, renderer: Renderer,
+def run_episodes(engine: GenerationEngine, tokenizer, envs: EnvPool, rows: list[dict], seeds: list[int], *, renderer: Renderer,
                  sampling: SamplingParams, settings: EpisodeSettings, samples: int, generator, device) -> list[Episode]:
     """``samples`` episodes per row (``seeds``: one per row, its group's), turn by turn in one batch, to
     the end: done, the turn limit, or a context with no room left."""
     episodes = start_episodes(envs, rows, seeds, renderer, samples, settings.max_episode_tokens)
     try:
-        for turn in range(settings.max_turns):
-            if all(e.finished for e in episodes):
-                break
-            take_turn(lm, tokenizer, envs, episodes, renderer, sampling, settings, generator,
-                      last_turn=turn == settings.max_turns - 1, device=device)
+        with engine.session():  # FSDP: one all-gather for every turn's decode
+            for turn in range(settings.max_turns):
+                if all(e.finished for e in episodes):
+                    break
+                take_turn(engine, tokenizer, envs, episodes, renderer, sampling, settings, generator,
+                          last_turn=turn == settings.max_turns - 1, device=device)
     finally:
         envs.drop([e.eid for e in episodes])
     return episodes
 
 
-def collect_episodes(models: RolloutModels, tokenizer, envs: EnvPool, rows: list[dict], seeds: list[int], *,
+def collect_episodes(engine: GenerationEngine, models: RolloutModels, tokenizer, envs: EnvPool, rows: list[dict], seeds: list[int], *,
                      renderer: Renderer, sampling: SamplingParams, settings: EpisodeSettings, samples_per_prompt: int,
                      generator: torch.Generator | None, forward_batch_size: int = 0, device="cpu",
                      timer: Timer | None = None, lanes=None) -> RolloutBatch:
@@ -128,28 +129,22 @@ def collect_episodes(models: RolloutModels, tokenizer, envs: EnvPool, rows: list
     :func:`~ppo_lm.rollout.collect.collect_rollout`."""
     timer = timer if timer is not None else Timer()
     with timer("generate_s"):
-        models.policy.lm.eval()
-        with gathered(models.policy):  # FSDP: one all-gather for every turn's decode
-            episodes = run_episodes(models.policy.lm, tokenizer, envs, rows, seeds, renderer=renderer,
-                                    sampling=sampling, settings=settings, samples=samples_per_prompt,
-                                    generator=generator, device=device)
+        episodes = run_episodes(engine, tokenizer, envs, rows, seeds, renderer=renderer, sampling=sampling,
+                                settings=settings, samples=samples_per_prompt, generator=generator, device=device)
     with timer("score_s"):
         return score_episodes(models, tokenizer, episodes, temperature=sampling.temperature or 1.0,
                               forward_batch_size=forward_batch_size, device=device, lanes=lanes)
 
 
 @torch.no_grad()
-def evaluate_episodes(lm, tokenizer, envs: EnvPool, rows: list[dict], seeds: list[int], *, renderer: Renderer,
-                      sampling: SamplingParams, settings: EpisodeSettings, samples: int = 1, pass_score: float = 1.0,
+def evaluate_episodes(engine: GenerationEngine, tokenizer, envs: EnvPool, rows: list[dict], seeds: list[int], *,
+                      renderer: Renderer, sampling: SamplingParams, settings: EpisodeSettings, samples: int = 1, pass_score: float = 1.0,
                       generator: torch.Generator | None = None, device="cpu") -> dict[str, float]:
     """Held-out episodes (``samples`` per row, ``sampling`` temperature 0 = greedy): the mean episode
     return Σ turn rewards as ``eval_score``, with ``samples`` k > 1 the share of rows with an episode
     whose return is ≥ ``pass_score`` as ``eval_pass_at_k``, and ``eval_turns`` (turns per episode)."""
-    was_training = lm.training
-    lm.eval()
-    episodes = run_episodes(lm, tokenizer, envs, rows, seeds, renderer=renderer, sampling=sampling,
+    episodes = run_episodes(engine, tokenizer, envs, rows, seeds, renderer=renderer, sampling=sampling,
                             settings=settings, samples=samples, generator=generator, device=device)
-    lm.train(was_training)
     returns = torch.tensor([sum(e.rewards) for e in episodes], dtype=torch.double)
     out = {"eval_score": float(returns.mean()),
            "eval_turns": sum(len(e.rewards) for e in episodes) / len(episodes)}

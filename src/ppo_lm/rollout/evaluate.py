@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from ..data.prompts import encode_prompts
+from .engine import GenerationEngine
 from .reward import Verifier, score_with_verifier
-from .sampling import SamplingParams, generate
+from .sampling import SamplingParams
 from .text import response_texts
 
 Scorer = Callable[[list[str], list[str], dict[str, list]], torch.Tensor]
@@ -18,31 +18,27 @@ Scorer = Callable[[list[str], list[str], dict[str, list]], torch.Tensor]
 
 
 @torch.no_grad()
-def _responses_and_scores(lm: nn.Module, tokenizer, rows: list[dict], score: Scorer, params: SamplingParams, *,
+def _responses_and_scores(engine: GenerationEngine, tokenizer, rows: list[dict], score: Scorer, params: SamplingParams, *,
                           prompt_column: str, batch_size: int, generator: torch.Generator | None = None,
                           add_special_tokens: bool = True) -> tuple[list[str], list[float]]:
     """One response per row under ``params``, and its score."""
-    was_training = lm.training
-    lm.eval()
-    device = next(lm.parameters()).device
     responses: list[str] = []
     scores: list[float] = []
-    for i in range(0, len(rows), batch_size):
-        chunk = rows[i : i + batch_size]
-        prompts = [r[prompt_column] for r in chunk]
-        ids, mask = encode_prompts(tokenizer, prompts, add_special_tokens)
-        gen = generate(lm, ids.to(device), mask.to(device), params, pad_token_id=tokenizer.pad_token_id,
-                       generator=generator)
-        texts = response_texts(tokenizer, gen)
-        columns = {k: [r[k] for r in chunk] for k in chunk[0] if k != prompt_column}
-        scores += score(prompts, texts, columns).tolist()
-        responses += texts
-    lm.train(was_training)
+    with engine.session():
+        for i in range(0, len(rows), batch_size):
+            chunk = rows[i : i + batch_size]
+            prompts = [r[prompt_column] for r in chunk]
+            ids, mask = encode_prompts(tokenizer, prompts, add_special_tokens)
+            gen = engine.generate(ids, mask, params, generator=generator)
+            texts = response_texts(tokenizer, gen)
+            columns = {k: [r[k] for r in chunk] for k in chunk[0] if k != prompt_column}
+            scores += score(prompts, texts, columns).tolist()
+            responses += texts
     return responses, scores
 
 
 def evaluate(
-    lm: nn.Module,
+    engine: GenerationEngine,
     tokenizer,
     rows: list[dict],
     score: Scorer,
@@ -62,7 +58,7 @@ def evaluate(
     ``generator`` seeds the sampling; pass one of its own so evaluation leaves the training's random
     streams untouched (a resumed run stays bit-exact)."""
     expanded = [r for r in rows for _ in range(samples)]
-    _, scores = _responses_and_scores(lm, tokenizer, expanded, score, params, prompt_column=prompt_column,
+    _, scores = _responses_and_scores(engine, tokenizer, expanded, score, params, prompt_column=prompt_column,
                                       batch_size=batch_size, generator=generator,
                                       add_special_tokens=add_special_tokens)
     out = {"eval_score": sum(scores) / len(scores) if scores else float("nan")}
@@ -73,7 +69,7 @@ def evaluate(
 
 
 def greedy_eval(
-    lm: nn.Module,
+    engine: GenerationEngine,
     tokenizer,
     rows: list[dict],
     verifier: Verifier,
@@ -85,6 +81,5 @@ def greedy_eval(
     """Mean verifier score of greedy responses to ``rows`` and the responses themselves."""
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=(tokenizer.eos_token_id,))
     responses, scores = _responses_and_scores(
-        lm, tokenizer, rows, lambda p, r, c: score_with_verifier(verifier, p, r, c), params,
-        prompt_column=prompt_column, batch_size=batch_size)
+        engine, tokenizer, rows, lambda p, r, c: score_with_verifier(verifier, p, r, c), params, prompt_column=prompt_column, batch_size=batch_size)
     return (sum(scores) / len(scores) if scores else float("nan")), responses

@@ -9,7 +9,6 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from ..models import sharding
 from ..rollout.episodes import evaluate_episodes
 from ..rollout.evaluate import evaluate
 from ..rollout.reward import combine_terms, score_with_verifier
@@ -33,15 +32,13 @@ def held_out_metrics(trainer, iteration: int) -> dict[str, float]:
     out = {"eval_score": 0.0, "eval_pass_at_k": 0.0}
     if rows and t.env_cls is not None:  # held-out episodes: their mean return
         seeds = schedule.held_out_seeds(cfg.seed, len(t.eval_rows), rank=t.rank, world=t.world)
-        with sharding.gathered(t.policy):
-            out = evaluate_episodes(t.policy.lm, t.tokenizer, t.envs, rows, seeds, renderer=t.renderer,
-                                    sampling=params, settings=t.episode_settings, samples=k,
-                                    pass_score=cfg.log.eval_pass_score, generator=gen, device=t.device)
+        out = evaluate_episodes(t.engine, t.tokenizer, t.envs, rows, seeds, renderer=t.renderer,
+                                sampling=params, settings=t.episode_settings, samples=k,
+                                pass_score=cfg.log.eval_pass_score, generator=gen, device=t.device)
     elif rows:
-        with sharding.gathered(t.policy):
-            out = evaluate(t.policy.lm, t.tokenizer, rows, lambda p, r, c: verifier_scores(t, p, r, c), params,
-                           samples=k, pass_score=cfg.log.eval_pass_score, prompt_column=cfg.data.prompt_column,
-                           generator=gen, add_special_tokens=not t.chat_prompts)
+        out = evaluate(t.engine, t.tokenizer, rows, lambda p, r, c: verifier_scores(t, p, r, c), params,
+                       samples=k, pass_score=cfg.log.eval_pass_score, prompt_column=cfg.data.prompt_column,
+                       generator=gen, add_special_tokens=not t.chat_prompts)
     totals = torch.tensor([out["eval_score"] * len(rows), out.get("eval_pass_at_k", 0.0) * len(rows),
                            out.get("eval_turns", 0.0) * len(rows), float(len(rows))], dtype=torch.double)
     s_score, s_pass, s_turns, n = dist.all_reduce_sum(totals).tolist()

@@ -31,6 +31,7 @@ from ..models.actor_critic import RewardScorer
 from ..models.hf_compat import enable_checkpointing
 from ..rollout.batch import RolloutBatch
 from ..rollout.collect import RolloutModels, collect_rollout
+from ..rollout.engine import TorchEngine
 from ..rollout.episodes import collect_episodes
 from ..rollout.reward import RewardTerm
 from ..rollout.sampling import SamplingParams
@@ -186,6 +187,8 @@ class PPOTrainer:
                     sharding.shard(term.model, term.model.model, bf16=cfg.model.fsdp_bf16)
         self.rewards = tuple(terms)
         self.reward_model = next((term.model for term in terms if term.model is not None), None)
+        # what samples the rollout and the held-out responses: the policy's own weights, in process
+        self.engine = TorchEngine(self.policy.lm, pad_token_id=self.tokenizer.pad_token_id, root=self.policy)
         self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + self.rank + 1)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank + 500)
         self.state = TrainState()
@@ -205,7 +208,9 @@ class PPOTrainer:
         the credit data of its rollout."""
         timer = Timer()
         batch = self.rollout(iteration, timer)
-        return self.learn(batch, iteration, timer)
+        done = self.learn(batch, iteration, timer)
+        self.engine.update_weights(iteration)  # the weights after this iteration's update
+        return done
 
     def episode_seeds(self, iteration: int) -> list[int]:
         """A seed per group (prompt row) of this rank's share of ``iteration`` (trainer/schedule.py)."""
@@ -220,13 +225,13 @@ class PPOTrainer:
                                self.gold_verifier)
         if self.env_cls is not None:
             return collect_episodes(
-                models, self.tokenizer, self.envs, self.prompts_for(iteration), self.episode_seeds(iteration),
+                self.engine, models, self.tokenizer, self.envs, self.prompts_for(iteration), self.episode_seeds(iteration),
                 renderer=self.renderer, sampling=self.sampling, settings=self.episode_settings,
                 samples_per_prompt=cfg.rollout.samples_per_prompt, generator=self.sample_gen,
                 forward_batch_size=cfg.rollout.forward_batch_size, device=self.device, timer=timer,
                 lanes=self.learner.lanes)
         return collect_rollout(
-            models, self.tokenizer, self.prompts_for(iteration), prompt_column=cfg.data.prompt_column,
+            self.engine, models, self.tokenizer, self.prompts_for(iteration), prompt_column=cfg.data.prompt_column,
             sampling=self.sampling, samples_per_prompt=cfg.rollout.samples_per_prompt,
             generator=self.sample_gen, forward_batch_size=cfg.rollout.forward_batch_size,
             missing_eos_penalty=cfg.rollout.missing_eos_penalty, device=self.device, timer=timer,
@@ -353,6 +358,7 @@ class PPOTrainer:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         if self.resuming:
             start = load_checkpoint(self.run_state, self.output_dir)
+            self.engine.update_weights(start)
             console.say(f"resumed from the checkpoint of iteration {start}")
             if start >= cfg.iterations:
                 if dist.is_main():
