@@ -225,3 +225,208 @@ def test_more_environment_errors_are_one_line(tmp_path, capsys, case):
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
     assert "\nmore" not in err  # the message's first line only (its source line shows in the frames)
+
+
+# ----------------------------------------------------------------------------- what the review found
+def _running(marker: str) -> list[str]:
+    """Command lines of live processes that hold ``marker`` (zombies aside)."""
+    import os
+    from pathlib import Path
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes().decode(errors="replace") \
+                    and " Z " not in (proc / "stat").read_text():
+                found.append((proc / "cmdline").read_bytes().decode(errors="replace"))
+        except OSError:
+            continue
+    return [c for c in found if str(os.getpid()) not in c]
+
+
+MORE = '''
+import os
+import subprocess
+import sys
+import time
+
+from ppo_lm.rollout.tools import ToolEnv
+
+RECORD = os.environ.get("RECORD")
+if RECORD:
+    with open(RECORD, "a") as f:
+        f.write(f"import {os.getpid()}\\n")
+
+
+class Spawner:
+    """Its step starts a subprocess, prints, then hangs."""
+
+    def reset(self, row, seed):
+        return "go"
+
+    def step(self, text):
+        subprocess.Popen(["sleep", os.environ["MARKER"]])
+        print("hello from the environment", flush=False)
+        time.sleep(600)
+
+
+class Echo:
+    def reset(self, row, seed):
+        self.n = 0
+        return "go"
+
+    def step(self, text):
+        self.n += 1
+        if RECORD:
+            with open(RECORD, "a") as f:
+                f.write(f"step {os.getpid()} {os.environ.get('PYTHONPATH')}\\n")
+        return f"you said {self.n}", 1.0, self.n >= 3
+
+
+class Slow(Echo):
+    def step(self, text):
+        time.sleep(1.5)
+        return super().step(text)
+
+
+def starts(seconds: str) -> str:
+    """Start a subprocess and wait for it.
+
+    Args:
+        seconds: how long it sleeps
+    """
+    subprocess.run(["sleep", seconds])
+    return "never"
+'''
+
+
+@pytest.fixture
+def more(tmp_path):
+    f = tmp_path / "more_envs.py"
+    f.write_text(MORE)
+    return f
+
+
+def test_the_module_is_imported_in_workers_only(tmp_path, more, monkeypatch, capsys):
+    """The trainer never imports the environment's module (a module that hangs or starts processes when
+    imported would do it in the trainer, out of any limit); the workers see the trainer's variables."""
+    import os
+    import sys
+
+    record = tmp_path / "record.txt"
+    monkeypatch.setenv("RECORD", str(record))
+    assert main(["train", "--iterations", "1", "--log.no-tensorboard", "--rollout.num-prompts", "4",
+                 "--rollout.env", f"{more}:Echo", "--output-dir", str(tmp_path / "run")]) == 0
+    lines = record.read_text().splitlines()
+    assert lines and all(str(os.getpid()) not in line for line in lines)
+    assert not any("more_envs" in name for name in sys.modules)
+    assert {line.split(" ", 2)[2] for line in lines if line.startswith("step")} == {str(os.environ.get("PYTHONPATH"))}
+
+
+def test_a_killed_trainer_leaves_nothing_running(tmp_path, more):
+    """SIGKILL of the trainer while a step hangs: the worker's watchdog kills the worker and what the
+    environment started (before, the worker died but its subprocess lived on)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    marker = "987.654321"
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        from ppo_lm.rollout.env_pool import EnvPool
+        pool = EnvPool("{more}:Spawner", workers=1, timeout_s=600)
+        (st,) = pool.start([{{"prompt": "x"}}], [0], 1)
+        print("started", flush=True)
+        pool.step([(st.eid, "go")])
+    """))
+    log = tmp_path / "out.txt"
+    with open(log, "w") as out:
+        trainer = subprocess.Popen([sys.executable, str(script)], stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "MARKER": marker, "PYTHONUNBUFFERED": ""})
+        deadline = time.monotonic() + 30
+        while not _running(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _running(marker), log.read_text()
+        time.sleep(0.3)
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    deadline = time.monotonic() + 10
+    while _running(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(marker)
+    assert "hello from the environment" in log.read_text()  # what it printed reached the file
+
+
+def test_a_tool_past_its_limit_takes_what_it_started_along(more):
+    import sys
+
+    sys.path.insert(0, str(more.parent))
+    try:
+        import more_envs
+    finally:
+        sys.path.pop(0)
+    marker = "986.123"
+    out = run_tool_call({"starts": more_envs.starts}, {"name": "starts", "arguments": {"seconds": marker}}, 0.5)
+    assert out == "error: starts ran past its time limit of 0.5 s"
+    time.sleep(0.3)
+    assert not _running(marker)
+
+
+def test_the_pool_survives_what_used_to_break_it(tmp_path, more, monkeypatch):
+    """Started from a thread that then ends; an interrupt in the middle of a call; a worker gone between
+    calls; a limit of days."""
+    import os
+    import signal
+
+    holder = {}
+    thread = threading.Thread(target=lambda: holder.update(pool=EnvPool(f"{more}:Slow", workers=1, timeout_s=1e9)))
+    thread.start()
+    thread.join()
+    pool = holder["pool"]
+    (st,) = pool.start([{"prompt": "x"}], [0], 1)
+    assert pool.step([(st.eid, "a")])[0][0] == "you said 1"  # the thread's end did not take the worker
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pool.step([(st.eid, "b")])
+    finally:
+        signal.signal(signal.SIGALRM, before)
+    (st,) = pool.start([{"prompt": "x"}], [0], 1)  # fresh workers, no reply of the interrupted call left
+    assert pool.step([(st.eid, "c")])[0][0] == "you said 1"
+    os.killpg(pool._workers[0].proc.pid, signal.SIGKILL)
+    pool._workers[0].proc.wait()
+    pool.drop([st.eid])  # the episode is over; the worker's end is news for the next call
+    with pytest.raises(EnvError, match="worker process ended"):
+        pool.start([{"prompt": "x"}], [0], 1)
+    pool.close()
+
+
+def test_a_file_in_the_working_directory_does_not_shadow_the_workers_modules(tmp_path, more, monkeypatch):
+    here = tmp_path / "cwd"
+    here.mkdir()
+    (here / "select.py").write_text("raise ImportError('the wrong select')\n")
+    monkeypatch.chdir(here)
+    pool = EnvPool(f"{more}:Echo", workers=1, timeout_s=10)
+    (st,) = pool.start([{"prompt": "x"}], [0], 1)
+    assert pool.step([(st.eid, "a")])[0][0] == "you said 1"
+    pool.close()
+
+
+def test_what_crosses_to_the_trainer_is_plain_data():
+    import numpy as np
+
+    from ppo_lm.rollout.environment import check_step
+
+    class Tag:
+        pass
+
+    with pytest.raises(EnvError, match="holding something other than str, numbers"):
+        check_step(([{"role": "user", "content": "x", "meta": Tag()}], 0.0, False))
+    assert check_step(([{"role": "user", "content": "x", "meta": {"k": [1, 2.5, None]}}], 0.0, False))[2] is False
+    assert check_step((None, np.float32(0.5), np.True_)) == (None, 0.5, True)

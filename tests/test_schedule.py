@@ -55,7 +55,7 @@ def test_seeds_do_not_collide_at_scale():
     held_out = [s for r in range(8) for s in held_out_seeds(0, 5000, rank=r, world=8)]
     assert len(train) == 3 * 8 * 2048 and len(held_out) == 5000
     assert len(set(train) | set(held_out)) == len(train) + len(held_out)
-    assert all(0 <= s < 2**53 for s in train + held_out)
+    assert all(0 <= s < 2**32 for s in train + held_out)  # np.random.RandomState takes them
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])
@@ -76,5 +76,23 @@ def test_seeds_do_not_depend_on_the_number_of_ranks(world):
 
 def test_the_streams_and_runs_differ():
     assert group_seed(0, TRAIN, 5) != group_seed(0, HELD_OUT, 5) != group_seed(1, TRAIN, 5)
+    assert len({group_seed(s, TRAIN, 0) for s in range(-50, 50)}) == 100  # negative run seeds too
+    assert all(0 <= group_seed(s, st, i) < 2**32 for s in (-7, 0, 10**12) for st in (TRAIN, HELD_OUT)
+               for i in (0, 1, 2**31 - 1))
     with pytest.raises(ValueError):
-        group_seed(0, TRAIN, 2**40)
+        group_seed(0, TRAIN, 2**31)
+
+
+def test_the_seed_map_is_one_to_one():
+    """x ↦ (x · _MIX + c) mod 2³² is a bijection: checked exactly on the 2²⁰ values of x below 2²⁰ and on
+    a random sample spread over the whole range."""
+    import random
+
+    from ppo_lm.trainer.schedule import _MIX
+
+    assert _MIX % 2 == 1
+    for seed in (0, 3):
+        assert len({group_seed(seed, TRAIN, i) for i in range(2**19)} | {group_seed(seed, HELD_OUT, i)
+                                                                         for i in range(2**19)}) == 2**20
+    xs = random.Random(0).sample(range(2**31), 100_000)
+    assert len({group_seed(1, TRAIN, i) for i in xs}) == len(xs)

@@ -11,6 +11,7 @@ over) and starts fresh ones if it is used again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -24,10 +25,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from .env_worker import BOOT
 from .environment import EnvError
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-"""The folder ppo_lm is imported from here: the worker imports it from the same place."""
+"""The folder ppo_lm is imported from here: the worker imports it from the same place (after the
+trainer's own import path, so an installed ppo_lm is the same one)."""
 
 LOAD_TIMEOUT_S = 120.0
 """Seconds a worker may take to start and import the environment's module (a module that imports
@@ -48,17 +51,24 @@ class Started:
 class _Worker:
     proc: subprocess.Popen
     conn: Connection
+    death: int  # the write end of the pipe its watchdog waits on: closing it ends the worker
 
 
 def _stop(workers: list[_Worker]) -> None:
-    """Kill every worker's process group (what its environments started goes with it) and reap it."""
+    """End every worker: closing its watchdog's pipe makes the watchdog kill the tool calls' groups and
+    the worker's own (what its environments started goes with it); a group still there after a few
+    seconds is killed from here. Reaps them."""
     for w in workers:
         w.conn.close()
+        os.close(w.death)
+    deadline = time.monotonic() + 5.0
+    for w in workers:
         try:
-            os.killpg(w.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        w.proc.wait()
+            w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(w.proc.pid, signal.SIGKILL)
+            w.proc.wait()
     workers.clear()
 
 
@@ -103,7 +113,8 @@ class EnvPool:
             if not self._workers:  # stopped after a failure: nothing left to forget
                 return
             for w, group in self._by_worker(eids).items():
-                self._workers[w].conn.send(("drop", group))
+                with contextlib.suppress(OSError):  # a worker gone since: its next call says so
+                    self._workers[w].conn.send(("drop", group))
 
     def close(self) -> None:
         with self._lock:
@@ -121,12 +132,13 @@ class EnvPool:
             return
         for _ in range(self.size):
             ours, theirs = socket.socketpair()
+            death_read, death_write = os.pipe()  # only this process holds the write end
             proc = subprocess.Popen(
-                [sys.executable, "-m", "ppo_lm.rollout.env_worker", str(theirs.fileno()), str(os.getpid())],
-                pass_fds=(theirs.fileno(),), start_new_session=True,  # its own group: killed whole
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))})
+                [sys.executable, "-u", "-c", BOOT, str(theirs.fileno()), str(death_read), PACKAGE_ROOT],
+                pass_fds=(theirs.fileno(), death_read), start_new_session=True)  # its own group: killed whole
             theirs.close()
-            self._workers.append(_Worker(proc, Connection(ours.detach())))
+            os.close(death_read)
+            self._workers.append(_Worker(proc, Connection(ours.detach()), death_write))
         paths = [p for p in sys.path if p]
         self._call([(w, ("load", self.spec, paths)) for w in range(self.size)], "module import",
                    limit=max(LOAD_TIMEOUT_S, self.timeout_s))
@@ -139,7 +151,15 @@ class EnvPool:
         for k, (eid, request) in enumerate(calls):
             queues[eid % len(self._workers)].append((k, request))
         out, busy = [None] * len(calls), {}  # busy: worker -> (index of its request, deadline)
+        try:
+            self._exchange(queues, out, busy, what, limit)
+        except BaseException:  # an interrupt, a reply that cannot be read: replies would be left in flight
+            _stop(self._workers)
+            raise
+        return out
 
+    def _exchange(self, queues: dict, out: list, busy: dict, what: str, limit: float) -> None:
+        """Send each worker its next request as it answers the last; fill ``out``; fail at a deadline."""
         def send_next(w: int) -> None:
             if queues[w]:
                 k, request = queues[w].popleft()
@@ -154,7 +174,8 @@ class EnvPool:
         while busy:
             deadline = min(d for _, d in busy.values())
             conns = {self._workers[w].conn: w for w in busy}
-            for conn in wait(list(conns), timeout=max(0.0, deadline - time.monotonic())):
+            # (a wait of days overflows poll's milliseconds: wake hourly; a call keeps its own deadline)
+            for conn in wait(list(conns), timeout=min(max(0.0, deadline - time.monotonic()), 3600.0)):
                 w = conns[conn]
                 k, _ = busy.pop(w)
                 out[k] = self._reply(w, what)
@@ -164,13 +185,15 @@ class EnvPool:
                 self._fail(f"the environment's {what} ran past its time limit of {limit:g} s "
                            f"({'rollout.env_timeout_s' if limit == self.timeout_s else 'starting a worker'}); "
                            "its worker process was stopped")
-        return out
 
     def _reply(self, w: int, what: str):
         try:
             status, value = self._workers[w].conn.recv()
         except (EOFError, OSError):
             self._ended(w, what)
+        except Exception as e:  # noqa: BLE001 (unpickling: a class that exists only in the worker, …)
+            self._fail(f"the environment's {what} returned something the trainer cannot read ({type(e).__name__}: "
+                       f"{e}); return str, lists and dicts of str, numbers, bools")
         if status == "error":
             self._fail(value)
         return value
@@ -184,3 +207,15 @@ class EnvPool:
     def _fail(self, message: str):
         _stop(self._workers)
         raise EnvError(message)
+
+
+def check_env(spec: str, timeout_s: float) -> None:
+    """Load ``spec`` in one worker, as a run's pool will — the module imported there, never here; the
+    class checked, its tools' schemas built — and stop it: a run's start-up check, before any model
+    loads. :class:`EnvError` with the line that says what is wrong."""
+    pool = EnvPool(spec, workers=1, timeout_s=timeout_s)
+    try:
+        with pool._lock:
+            pool._ensure_started()
+    finally:
+        pool.close()

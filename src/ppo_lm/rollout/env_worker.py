@@ -1,6 +1,6 @@
 """The process an environment's instances live in (docs/environments.md, "Where the environment
-runs"): ``python -m ppo_lm.rollout.env_worker FD PARENT_PID``, served by
-:class:`~ppo_lm.rollout.env_pool.EnvPool` over the socket ``FD``. It loads the environment class once,
+runs"): started by :class:`~ppo_lm.rollout.env_pool.EnvPool` (:data:`BOOT`) and served over the socket
+``FD``. It loads the environment class once,
 then answers one request at a time — construct, reset, step, drop — so the pool can time each call
 and kill this process (and its process group: tool calls, anything the environment started) at the
 limit. Imports no torch: a worker starts in a fraction of a second unless the environment imports it.
@@ -12,11 +12,14 @@ reply is ``("ok", value)`` or ``("error", one line)``; ``drop`` has none.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import signal
 import sys
 from multiprocessing.connection import Connection
 
+from . import tools
 from .environment import EnvError, call_user, check_reset, check_step, load_env, takes_sample
 
 
@@ -81,6 +84,7 @@ def serve(conn: Connection) -> None:
             reply = ("ok", value)
         except EnvError as e:
             reply = ("error", str(e))
+        sys.stdout.flush()  # what the environment printed reaches the log before the trainer's next line
         try:
             conn.send(reply)
         except Exception as e:  # noqa: BLE001 (pickling what the user's code returned)
@@ -88,25 +92,58 @@ def serve(conn: Connection) -> None:
                                 f"({type(e).__name__}: {e}); return str, lists and dicts of str, numbers, bools"))
 
 
-def die_with_parent(parent: int) -> None:
-    """Linux: the kernel kills this process when the trainer dies (even by SIGKILL), so no worker
-    outlives its run; elsewhere a dead trainer closes the socket, which ends :func:`serve`."""
-    try:
-        import ctypes
+def watch(death: int, socket_fd: int) -> int:
+    """Fork the worker's watchdog: a process that waits for the trainer's end — EOF on ``death``, the
+    read end of a pipe only the trainer writes to, closed when the trainer closes the pool or dies,
+    even by SIGKILL — and then kills every tool call's process group it was told of and this worker's
+    whole process group (itself, the worker, whatever the environment started). Returns the write end
+    of the pipe that tells it of tool calls' groups ("+pgid" / "-pgid" lines). It lets go of the
+    worker's socket, so the trainer sees the worker's own end at once."""
+    read, write = os.pipe()
+    if os.fork():
+        os.close(read)
+        os.close(death)
+        return write
+    os.close(write)
+    os.close(socket_fd)
+    groups: set[int] = set()
+    pending = b""
+    while True:
+        ready, _, _ = select.select([death, read], [], [])
+        if death in ready:
+            break
+        chunk = os.read(read, 4096)
+        if not chunk:  # the worker ended: its group goes when the trainer's pipe closes
+            read = death
+            continue
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            (groups.add if line[:1] == b"+" else groups.discard)(int(line[1:]))
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    os.killpg(0, signal.SIGKILL)
+    os._exit(0)  # not reached
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:  # the trainer died before the line above
-        os._exit(1)
+
+SERVING = False
+"""True in a worker: a module the worker imports that starts a training run is refused (it would start
+workers of its own, and so on)."""
 
 
 def main(argv: list[str]) -> None:
-    fd, parent = int(argv[1]), int(argv[2])
-    die_with_parent(parent)
+    global SERVING
+    SERVING = True
+    fd, death = int(argv[1]), int(argv[2])
+    tools.GROUPS = watch(death, fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it closes the pool
     serve(Connection(fd))
 
 
-if __name__ == "__main__":
-    main(sys.argv)
+BOOT = ("import sys; sys.path[:1] = []; sys.path.append(sys.argv.pop()); "
+        "from ppo_lm.rollout.env_worker import main; main(sys.argv)")
+"""The worker's command line (``python -u -c BOOT FD DEATH_FD PACKAGE_ROOT``): without the current
+directory at the front of the import path (`python -m` would put it there, and a file named like a
+module of the standard library there would shadow it in the worker only), ppo_lm importable from where
+the trainer imported it, the trainer's environment variables as they are."""

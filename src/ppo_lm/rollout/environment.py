@@ -68,8 +68,30 @@ def call_user(fn, *args, what: str, **kwargs):
         raise EnvError(f"the environment's {what} raised {type(e).__name__}: {one_line(e)}{user_frames(e)}") from e
 
 
+def plain(value: object, depth: int = 0) -> bool:
+    """Data JSON could write — str, int, float, bool, None, lists and str-keyed dicts of them — which is
+    what crosses from an environment's worker to the trainer (anything else could run the user's code,
+    or fail, when the trainer unpickles it)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return type(value) in (str, bool, int, float, type(None))
+    if depth > 50:
+        return False
+    if type(value) is list:
+        return all(plain(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return all(type(k) is str and plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _check_messages(out, what: str) -> None:
+    if isinstance(out, list) and not plain(out):
+        raise EnvError(f"the environment's {what} returned messages holding something other than str, numbers, "
+                       "bools, None, lists and dicts of them; give plain data (it is sent to the trainer)")
+
+
 def check_reset(out, row_index: int):
     if isinstance(out, str) and out or is_conversation(out):
+        _check_messages(out, "reset")
         return out
     raise EnvError(f"the environment's reset returned {type(out).__name__} {str(out)[:60]!r} for row {row_index}; "
                    "it must return the first prompt: a non-empty str, or a list of {'role', 'content'} messages")
@@ -90,7 +112,10 @@ def check_step(out) -> tuple[str | list[dict] | None, float, bool]:
     except ValueError:
         raise EnvError(f"the environment's step returned the reward {reward}; give a finite number") from None
     if not isinstance(done, bool):
-        raise EnvError(f"the environment's step returned done={done!r}; give True or False")
+        if getattr(getattr(done, "dtype", None), "kind", None) != "b" or getattr(done, "ndim", None) != 0:
+            raise EnvError(f"the environment's step returned done={done!r}; give True or False")
+        done = bool(done)  # a NumPy bool (what `guess == secret` gives with NumPy numbers)
+    _check_messages(obs, "step")
     return obs, reward, done
 
 

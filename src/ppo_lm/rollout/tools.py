@@ -3,8 +3,9 @@
 The functions go to the chat template's ``tools`` (their type hints and Google-style docstrings are
 the schema transformers renders); the model calls them in the Qwen / Hermes form its template
 teaches, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; each call runs in a process of
-its own, forked from the environment's worker, which is killed at the call's time limit — code
-blocked in C stops too — and its result comes back as a ``tool`` message. A call the model got
+its own, forked from the environment's worker, whose process group is killed at the call's time limit
+— code blocked in C stops too, and what the tool started — and its result comes back as a ``tool``
+message. A call the model got
 wrong — JSON that does not parse or nests too deep, a ``<tool_call>`` never closed, a tool that does
 not exist, arguments the function refuses, a result JSON cannot write, a call past the time limit —
 is answered with an ``error: …`` tool message, as a tool would answer it: the model's mistake is part
@@ -13,11 +14,13 @@ of the episode, not the run's failure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import select
 import signal
+import sys
 import time
 
 from ..runtime.user_code import one_line
@@ -74,12 +77,31 @@ def run_tool_call(tools: dict, call: dict | str, seconds: float) -> str:
     pid = os.fork()
     if pid == 0:  # the child: answer, then leave without running the parent's exit handlers
         os.close(read)
+        os.setpgid(0, 0)  # a group of its own: what the tool starts is killed with it
         _die_with_parent()
         with os.fdopen(write, "wb") as out:
             out.write(_answer(fn, call).encode("utf-8", "replace"))
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(0)
     os.close(write)
-    return _collect(pid, read, call["name"], seconds)
+    with contextlib.suppress(OSError):  # (the child may have done it already, or be gone)
+        os.setpgid(pid, pid)
+    _tell_watchdog(f"+{pid}")
+    try:
+        return _collect(pid, read, call["name"], seconds)
+    finally:
+        _tell_watchdog(f"-{pid}")
+
+
+GROUPS: int | None = None
+"""In an environment's worker: the pipe to its watchdog (:func:`ppo_lm.rollout.env_worker.watch`),
+told of each tool call's process group, so that a trainer's end kills them too."""
+
+
+def _tell_watchdog(line: str) -> None:
+    if GROUPS is not None:
+        os.write(GROUPS, (line + "\n").encode())
 
 
 def _answer(fn, call: dict) -> str:
@@ -101,9 +123,12 @@ def _collect(pid: int, read: int, name: str, seconds: float) -> str:
     try:
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([read], [], [], left)[0]:
-                os.kill(pid, signal.SIGKILL)
+            if left <= 0:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)  # the call and whatever it started
                 return f"error: {name} ran past its time limit of {seconds:g} s"
+            if not select.select([read], [], [], min(left, 3600.0))[0]:
+                continue
             chunk = os.read(read, 1 << 16)
             if not chunk:
                 break

@@ -69,7 +69,7 @@ def banner(trainer) -> str:
         lines.append(f"  critic    {type(trainer.critic.model).__name__}: {parameters(trainer.critic)}")
     elif trainer.shared_critic:
         lines.append("  critic    a value head on the policy's body")
-    if trainer.env_cls is not None:
+    if trainer.multi_turn:
         e = trainer.episode_settings
         lines.append(f"  env       {cfg.rollout.env}: ≤ {e.max_turns} turns, ≤ {e.max_episode_tokens} tokens per episode "
                      f"(its turn rewards are the reward); {trainer.envs.size} worker process"

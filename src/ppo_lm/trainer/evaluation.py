@@ -30,7 +30,7 @@ def held_out_metrics(trainer, iteration: int) -> dict[str, float]:
     gen = torch.Generator(device=t.device).manual_seed(cfg.seed * 1000 + 700 + iteration * 1009 + t.rank)
     rows = t.eval_rows[t.rank :: t.world]
     out = {"eval_score": 0.0, "eval_pass_at_k": 0.0}
-    if rows and t.env_cls is not None:  # held-out episodes: their mean return
+    if rows and t.multi_turn:  # held-out episodes: their mean return
         seeds = schedule.held_out_seeds(cfg.seed, len(t.eval_rows), rank=t.rank, world=t.world)
         out = evaluate_episodes(t.engine, t.tokenizer, t.envs, rows, seeds, renderer=t.renderer,
                                 sampling=params, settings=t.episode_settings, samples=k,
@@ -45,7 +45,7 @@ def held_out_metrics(trainer, iteration: int) -> dict[str, float]:
     metrics = {"eval_score": s_score / n, "eval_s": timer.since_start()}
     if k > 1:
         metrics["eval_pass_at_k"] = s_pass / n
-    if t.env_cls is not None:
+    if t.multi_turn:
         metrics["eval_turns"] = s_turns / n
     return metrics
 

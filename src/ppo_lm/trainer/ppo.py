@@ -88,7 +88,7 @@ class PPOTrainer:
         self.rank, self.world = dist.rank(), dist.world_size()
         self.output_dir = Path(self.cfg.output_dir)
         self.estimator = get_advantage_estimator(self.cfg.algo.estimator)
-        self.env_cls = pre.env_cls  # multi-turn episodes (rollout.env), else None
+        self.multi_turn = cfg.rollout.env is not None  # episodes of an environment (rollout.env)
 
         terms, policy_lm = self._build_models(pre, policy, tokenizer, verifier)
         longest_prompt = self._build_prompts(pre, prompt_rows, policy_lm)
@@ -113,7 +113,7 @@ class PPOTrainer:
         self.shared_critic = self.estimator.needs_critic and cfg.model.critic == "shared"
         self.policy = builders.build_policy_module(cfg, policy_lm,
                                                    with_value_head=self.shared_critic).to(self.device)
-        terms = ([] if self.env_cls is not None  # the environment's turn rewards replace model.reward
+        terms = ([] if self.multi_turn  # the environment's turn rewards replace model.reward
                  else builders.given_reward_terms(verifier, cfg.model) if verifier is not None
                  else builders.reward_terms(cfg.model, pre.verifiers, cfg.model.dtype))
         for term in terms:
@@ -143,9 +143,9 @@ class PPOTrainer:
         cfg = self.cfg
         rows = list(prompt_rows) if prompt_rows is not None else pre.prompt_rows
         found = builders.build_prompts(cfg, self.tokenizer, policy_lm, rows, pre.eval_rows,
-                                       given=prompt_rows is not None, env=self.env_cls is not None)
+                                       given=prompt_rows is not None, env=self.multi_turn)
         self.prompt_rows, self.eval_rows, self.chat_prompts = found.rows, found.eval_rows, found.chat
-        if self.env_cls is not None:
+        if self.multi_turn:
             self.episode_settings, self.renderer, self.envs = builders.episode_setup(cfg, self.tokenizer, policy_lm)
         self.sampling = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
@@ -161,7 +161,7 @@ class PPOTrainer:
         r, o = self.cfg.rollout, self.cfg.optim
         self.sized = sizing.size_micro_batches(
             self.sized, minibatch_rows=r.num_prompts // self.world * r.samples_per_prompt // o.num_minibatches,
-            tokens_per_row=(self.episode_settings.max_episode_tokens if self.env_cls is not None
+            tokens_per_row=(self.episode_settings.max_episode_tokens if self.multi_turn
                             else longest_prompt + r.max_new_tokens),
             bodies=[policy_lm] + ([self.critic.model] if self.critic is not None else []),
             models=[self.policy, self.critic, self.ref, *(term.model for term in terms)],
@@ -223,7 +223,7 @@ class PPOTrainer:
         cfg = self.cfg
         models = RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.rewards,
                                self.gold_verifier)
-        if self.env_cls is not None:
+        if self.multi_turn:
             return collect_episodes(
                 self.engine, models, self.tokenizer, self.envs, self.prompts_for(iteration), self.episode_seeds(iteration),
                 renderer=self.renderer, sampling=self.sampling, settings=self.episode_settings,
@@ -404,7 +404,7 @@ class PPOTrainer:
                 if it == cfg.iterations or (cfg.log.save_every and it % cfg.log.save_every == 0):
                     save_checkpoint(self.run_state, self.output_dir, it, cfg.log.keep_last)
         finally:
-            if self.env_cls is not None:  # the environments' workers: started again if the trainer goes on
+            if self.multi_turn:  # the environments' workers: started again if the trainer goes on
                 self.envs.close()
             if logger:
                 logger.close()

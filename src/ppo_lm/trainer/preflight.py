@@ -16,8 +16,9 @@ from pathlib import Path
 
 from ..data.prompts import is_conversation
 from ..models.loading import check_model_dir, check_tokenizer_dir
-from ..rollout.environment import EnvError, load_env
-from ..rollout.tools import tool_schemas
+from ..rollout import env_worker
+from ..rollout.env_pool import check_env
+from ..rollout.environment import EnvError
 from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError
 from . import builders
@@ -45,8 +46,6 @@ class Preflight:
     loaded); None when rows were given from Python."""
     eval_rows: list[dict] | None
     """The held-out prompts of ``data.eval_prompts``; None without."""
-    env_cls: type | None = None
-    """The environment class of ``rollout.env`` (imported); None for single-turn."""
 
 
 def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: bool = False,
@@ -54,6 +53,9 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     """Run the checks of the module docstring in order; the first failure raises :class:`ConfigError`
     (or :class:`~ppo_lm.models.loading.ModelLoadError`) naming the setting and the fix. ``*_given``:
     that object comes from Python, so its setting is not checked."""
+    if env_worker.SERVING:  # this process is an environment's worker: the module it imported trains
+        raise ConfigError("a training run was started while an environment's module was imported in its worker; "
+                          "guard the module's own training code with `if __name__ == \"__main__\":`")
     keep = _resumed_settings(cfg)
     validate_config(cfg, dist.world_size(), keep=keep)
     check_trackers(cfg.log.report_to)
@@ -82,19 +84,13 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     if cfg.data.chat_template not in ("auto", "none"):
         _check_chat_template(cfg.data.chat_template)  # read and parsed even where the prompts are text
 
-    named = specs  # imported even with an environment, which ignores them: a broken reward is named
-
-    env_cls = None
     if cfg.rollout.env is not None:  # its turn rewards replace model.reward (docs/environments.md)
-        specs = []
-        try:
-            env_cls = load_env(cfg.rollout.env)
-            tools = getattr(env_cls, "tools", None)
-            if isinstance(tools, (list, tuple)):  # a tool the template cannot describe: before any model loads
-                tool_schemas(list(tools))
-        except (ValueError, EnvError) as e:
+        try:  # in a worker, as the run will (its module is never imported here), with its tools' schemas
+            check_env(cfg.rollout.env, cfg.rollout.env_timeout_s)
+        except EnvError as e:
             raise ConfigError(str(e)) from None
-    verifiers = {spec: builders.load_reward_verifier(spec) for spec, _ in named if not builders.is_model_path(spec)}
+    # imported even with an environment, which ignores them: a broken reward is named
+    verifiers = {spec: builders.load_reward_verifier(spec) for spec, _ in specs if not builders.is_model_path(spec)}
     gold = builders.build_gold_verifier(m)
     rows = None if prompt_rows_given else builders.read_prompt_rows(cfg.data, seed=cfg.seed,
                                                                     env=cfg.rollout.env is not None)
@@ -103,9 +99,9 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
         if m.gold_reward is None and any(builders.is_model_path(spec) for spec, _ in specs):
             raise ConfigError("`data.eval_prompts`: evaluation scores with a verifier, but `model.reward` includes a "
                               "reward model; set `model.gold_reward` to the verifier to evaluate with")
-        eval_rows = builders.read_prompt_rows(cfg.data, seed=cfg.seed, held_out=True, env=env_cls is not None)
+        eval_rows = builders.read_prompt_rows(cfg.data, seed=cfg.seed, held_out=True, env=cfg.rollout.env is not None)
     _check_unused(cfg, keep, rows, eval_rows)
-    return Preflight(resuming, verifiers, gold, rows, eval_rows, env_cls)
+    return Preflight(resuming, verifiers, gold, rows, eval_rows)
 
 
 def _resumed_settings(cfg: TrainConfig) -> dict:

@@ -38,18 +38,28 @@ def prompt_indices(n_rows: int, iteration: int, *, per_iteration: int, rank: int
 TRAIN, HELD_OUT = 0, 1
 """The streams of episode seeds: training groups, and held-out rows (the same at every evaluation)."""
 
-STREAM_SPAN = 1 << 40
-"""Groups one stream holds before its seeds would run into the next stream's (10¹² groups)."""
+SEED_BITS = 32
+"""Episode seeds lie in [0, 2³²): what every seeding API takes (``np.random.RandomState`` included)."""
+
+_MIX = 0x9E3779B1  # odd: multiplying by it permutes the integers mod 2³²
+
+
+def _offset(seed: int) -> int:
+    """A 32-bit offset from the run's seed (any int, negative included), spread by SplitMix64's finaliser."""
+    z = (seed * 0x9E3779B97F4A7C15) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (z ^ (z >> 31)) % 2**SEED_BITS
 
 
 def group_seed(seed: int, stream: int, index: int) -> int:
-    """The environment seed of group ``index`` of ``stream`` in the run seeded ``seed``: distinct for
-    every (stream, index) of one run, so no two groups of a run — on any rank, in any iteration —
-    play one seed. ``(seed · 2 + stream) · 2⁴⁰ + index``: a non-negative int for a non-negative
-    ``seed``, below 2⁵³ (exact in JSON readers) for seeds below 4096."""
-    if not 0 <= index < STREAM_SPAN:
-        raise ValueError(f"group index {index} outside [0, 2**40)")
-    return (seed * 2 + stream) * STREAM_SPAN + index
+    """The environment seed of group ``index`` of ``stream`` in the run seeded ``seed``, in [0, 2³²).
+    ``x = 2 · index + stream`` is distinct for every (stream, index) below 2³¹ groups a stream, and
+    ``(x · _MIX + offset(seed)) mod 2³²`` maps distinct x to distinct seeds (a bijection mod 2³²), so no
+    two groups of a run — on any rank, in any iteration, training or held out — share a seed."""
+    if not 0 <= index < 2 ** (SEED_BITS - 1):
+        raise ValueError(f"group index {index} outside [0, 2**31)")
+    return ((2 * index + stream) * _MIX + _offset(seed)) % 2**SEED_BITS
 
 
 def episode_seeds(seed: int, iteration: int, *, per_iteration: int, rank: int, world: int) -> list[int]:
