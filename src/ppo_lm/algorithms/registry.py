@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from torch import Tensor
 
@@ -79,8 +80,31 @@ class EstimatorSpec:
     advantages_are: str = ""
     """What the estimator's own advantages are, in words (before any whitening by the trainer): the
     credit report labels its ``advantage_raw`` column with it. Empty: nothing more than "its Â"."""
+    whitened_by_trainer: bool = False
+    """``algo.whiten_advantages`` applies: the trainer whitens its Â over the batch (GAE's, whose scale
+    follows the rewards'); the others are normalised by their own definition, or not at all."""
+    uses_lambda: bool = False
+    """Its Â depends on ``algo.gae_lambda`` (the credit report shows each episode's λ)."""
 
 
+ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {}
+"""The estimators by name, each registered where it is defined (:func:`estimator`)."""
+
+
+def estimator(name: str, **properties) -> Callable[[Estimator], Estimator]:
+    """Register the decorated function as the advantage estimator ``name`` with the
+    :class:`EstimatorSpec` ``properties``."""
+    def register(fn: Estimator) -> Estimator:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is registered twice")
+        ADVANTAGE_ESTIMATORS[name] = EstimatorSpec(fn, **properties)
+        return fn
+
+    return register
+
+
+@estimator("gae", needs_critic=True, needs_groups=False, uses_shaped_rewards=True, whitened_by_trainer=True,
+           uses_lambda=True, advantages_are="GAE's Σ_l (γλ)^l·δ_{t+l}")
 def _gae_estimator(
     x: AdvantageInputs, s: AdvantageSettings, all_reduce: AllReduce | None
 ) -> tuple[Tensor, Tensor | None]:
@@ -100,39 +124,35 @@ def _gae_estimator(
     return advantages, returns
 
 
+@estimator("grpo", needs_critic=False, needs_groups=True, uses_shaped_rewards=False,
+           advantages_are="GRPO's group-normalised score (s − mean)/std over the prompt's samples, on every token")
 def _grpo(x: AdvantageInputs, s: AdvantageSettings, all_reduce: AllReduce | None):
     return broadcast_to_tokens(grpo_advantages(x.scores, x.group_size), x.mask), None
 
 
+@estimator("dr_grpo", needs_critic=False, needs_groups=True, uses_shaped_rewards=False,
+           loss_agg="seq-mean-token-sum-norm",
+           advantages_are="Dr. GRPO's group-centred score s − mean over the prompt's samples, on every token")
 def _dr_grpo(x: AdvantageInputs, s: AdvantageSettings, all_reduce: AllReduce | None):
     adv = grpo_advantages(x.scores, x.group_size, scale_by_std=False)
     return broadcast_to_tokens(adv, x.mask), None
 
 
+@estimator("rloo", needs_critic=False, needs_groups=True, uses_shaped_rewards=False,
+           advantages_are="RLOO's score minus the mean of the prompt's other samples, on every token")
 def _rloo(x: AdvantageInputs, s: AdvantageSettings, all_reduce: AllReduce | None):
     return broadcast_to_tokens(rloo_advantages(x.scores, x.group_size), x.mask), None
 
 
+@estimator("reinforce++", needs_critic=False, needs_groups=False, uses_shaped_rewards=True,
+           advantages_are="REINFORCE++'s returns-to-go Σ_k γ^(k−t)·r_k, already whitened over the batch by the "
+                          "estimator itself")
 def _reinforce_pp(x: AdvantageInputs, s: AdvantageSettings, all_reduce: AllReduce | None):
     return reinforce_pp_advantages(x.rewards, x.mask, gamma=s.gamma, all_reduce=all_reduce), None
 
 
-ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {
-    "gae": EstimatorSpec(_gae_estimator, needs_critic=True, needs_groups=False, uses_shaped_rewards=True,
-                         advantages_are="GAE's Σ_l (γλ)^l·δ_{t+l}"),
-    "grpo": EstimatorSpec(_grpo, needs_critic=False, needs_groups=True, uses_shaped_rewards=False,
-                          advantages_are="GRPO's group-normalised score (s − mean)/std over the prompt's samples, "
-                                         "on every token"),
-    "dr_grpo": EstimatorSpec(_dr_grpo, needs_critic=False, needs_groups=True, uses_shaped_rewards=False,
-                             loss_agg="seq-mean-token-sum-norm",
-                             advantages_are="Dr. GRPO's group-centred score s − mean over the prompt's samples, "
-                                            "on every token"),
-    "rloo": EstimatorSpec(_rloo, needs_critic=False, needs_groups=True, uses_shaped_rewards=False,
-                          advantages_are="RLOO's score minus the mean of the prompt's other samples, on every token"),
-    "reinforce++": EstimatorSpec(_reinforce_pp, needs_critic=False, needs_groups=False, uses_shaped_rewards=True,
-                                 advantages_are="REINFORCE++'s returns-to-go Σ_k γ^(k−t)·r_k, already whitened over "
-                                                "the batch by the estimator itself"),
-}
+EstimatorName = Literal[tuple(ADVANTAGE_ESTIMATORS)]  # type: ignore[valid-type]
+"""The registered names, as the config field `algo.estimator` takes them (the registry is the one list)."""
 
 POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "ppo": policy_loss,

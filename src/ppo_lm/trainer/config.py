@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..algorithms.registry import EstimatorName
 from ..runtime.settings import setting
 from ..tasks.equations import BUILTIN_HEADS
 
@@ -194,7 +195,7 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
-    estimator: Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce++"] = "gae"
+    estimator: EstimatorName = "gae"
     """Advantage estimator: 'gae' (critic; Schulman et al. 2015), or critic-free (docs/algorithm.md §3): 'grpo' (Shao
     et al. 2024), 'dr_grpo' (Liu et al. 2025), 'rloo' (Ahmadian et al. 2024), 'reinforce++' (Hu 2025)."""
     policy_loss: Literal["ppo", "pg"] = "ppo"

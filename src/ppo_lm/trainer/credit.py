@@ -117,7 +117,8 @@ def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, t
     """
     # what the advantage_raw column is differs by estimator (REINFORCE++ whitens inside, GRPO/RLOO centre
     # per group), so each record says it and the report labels the column from it
-    raw_is = get_advantage_estimator(algo.estimator).advantages_are
+    spec = get_advantage_estimator(algo.estimator)
+    raw_is = spec.advantages_are
     rows = torch.arange(k, device=batch.input_ids.device)
     b = batch.select(rows, trim=False)
     mask = b.loss_mask  # multi-turn: the action tokens; observation tokens get 0 in every column
@@ -129,7 +130,7 @@ def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, t
         c = compact_tokens(mask)
         deltas = c.scatter(td_residuals(c.gather(rewards), c.gather(b.values_old), c.mask, gamma=algo.gamma,
                                         terminated=b.terminated, bootstrap_values=b.bootstrap_values))
-    if algo.estimator == "gae":
+    if spec.uses_lambda:
         lam = ([algo.gae_lambda] * k if algo.adaptive_lambda_alpha is None
                else adaptive_lambda(mask.sum(1), algo.adaptive_lambda_alpha).tolist())
     per_token = {
@@ -162,7 +163,7 @@ def credit_records(batch: RolloutBatch, targets: CreditTargets, ratio: Tensor, t
             "lam": None if lam is None else _num(float(lam[i])),
             "kl_coef": _num(float(targets.kl_coef)),
             "kl_estimator": algo.kl_estimator,
-            "whitened": algo.estimator == "gae" and algo.whiten_advantages,
+            "whitened": spec.whitened_by_trainer and algo.whiten_advantages,
             "advantage_raw_is": raw_is,
             "token_ids": token_ids,
             "tokens": [tokenizer.decode([t], skip_special_tokens=False) for t in token_ids],

@@ -279,7 +279,7 @@ class PPOTrainer:
                 advantages, returns = compute_advantages(a.estimator, inputs, settings,
                                                          all_reduce=dist.all_reduce_sum)
                 raw_advantages = advantages  # as the estimator returned them: the credit file shows both
-                if a.estimator == "gae" and a.whiten_advantages:
+                if self.estimator.whitened_by_trainer and a.whiten_advantages:
                     advantages = whiten(advantages, mask, all_reduce=dist.all_reduce_sum)
 
             # 4. K epochs of minibatch updates on the fixed rollout.

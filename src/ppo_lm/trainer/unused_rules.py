@@ -78,7 +78,7 @@ def _scores_only(c: TrainConfig, f: Facts) -> str | None:
 
 
 def _not_whitened(c: TrainConfig, f: Facts) -> str | None:
-    return None if c.algo.estimator == "gae" else (
+    return None if _spec(c).whitened_by_trainer else (
         f"is unused: the trainer whitens only gae's advantages; `algo.estimator`={c.algo.estimator!r} "
         "normalises its own")
 
