@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..runtime.errors import UserError
 from ..trainer.config import TrainConfig
+from ..trainer.schedule import builtin_held_out_seed
 
 LAYOUTS = ("natural", "common")
 
@@ -128,7 +129,7 @@ def build_start(out: Path, *, smoke: bool, build_policy: bool, threads: int) -> 
     d = DemoConfig()
     if smoke:
         d.shrink()
-    held = make_prompts(d.eval_prompts, seed=d.seed + 10_000, split="heldout", unique=True)
+    held = make_prompts(d.eval_prompts, seed=builtin_held_out_seed(d.seed), split="heldout", unique=True)
     (out / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held))
     if not build_policy:
         return

@@ -19,6 +19,7 @@ import torch
 from ..presets import preset
 from ..tasks.equations import BUILTIN_HEADS
 from ..trainer.config import TrainConfig
+from ..trainer.schedule import builtin_held_out_seed
 from ..trainer.sizing import builtin_max_new_tokens
 
 
@@ -119,7 +120,7 @@ def check_demo(cfg: DemoConfig, out: Path) -> None:
         need(cfg.rm_samples_per_prompt >= 2, "rm_samples_per_prompt", ">= 2 (a pair needs a right and a wrong response)")
         need(math.isfinite(cfg.rm_lr) and cfg.rm_lr > 0, "rm_lr", "a finite number > 0")
     try:
-        make_prompts(cfg.eval_prompts, seed=cfg.seed + 10_000, split="heldout", unique=True)
+        make_prompts(cfg.eval_prompts, seed=builtin_held_out_seed(cfg.seed), split="heldout", unique=True)
     except ValueError as e:
         raise ConfigError(f"`eval_prompts`={cfg.eval_prompts}: {e}") from None
     ppo = cfg.ppo
@@ -228,7 +229,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     t0 = time.perf_counter()
     max_new = builtin_max_new_tokens(cfg.ppo)  # the demo's model is small: an auto limit is the small one
     tok = build_tokenizer()
-    held = make_prompts(cfg.eval_prompts, seed=cfg.seed + 10_000, split="heldout", unique=True)
+    held = make_prompts(cfg.eval_prompts, seed=builtin_held_out_seed(cfg.seed), split="heldout", unique=True)
 
     def accuracy(lm) -> float:
         return greedy_eval(TorchEngine(lm, pad_token_id=tok.pad_token_id), tok, held, verify, max_new_tokens=max_new)[0]

@@ -16,7 +16,7 @@ from ..models.hf_compat import disable_dropout, load_tokenizer, scalar_head, tru
 from ..models.loading import check_tokenizer_dir, load_model
 from ..rollout.reward import RewardTerm, load_verifier, term_name
 from ..runtime.errors import ConfigError
-from . import console
+from . import console, schedule
 from .config import DataConfig, ModelConfig, TrainConfig
 from .sizing import builtin_max_new_tokens
 
@@ -325,7 +325,8 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False, env:
         if cfg.prompt_column != "prompt":
             raise ConfigError(f"`data.prompt_column`={cfg.prompt_column!r}: the built-in prompts' column is "
                               f"'prompt' (set `{field}` to your file to use another column)")
-        rows = (make_prompts(cfg.builtin_eval_prompts, seed=seed + 10_000, split="heldout", unique=True) if held_out
+        rows = (make_prompts(cfg.builtin_eval_prompts, seed=schedule.builtin_held_out_seed(seed), split="heldout",
+                             unique=True) if held_out
                 else make_prompts(cfg.builtin_num_prompts, seed=seed, split="train"))
     else:
         from ..data.rows import load_rows

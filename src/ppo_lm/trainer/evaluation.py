@@ -27,7 +27,7 @@ def held_out_metrics(trainer, iteration: int) -> dict[str, float]:
     cfg, k = t.cfg, t.cfg.log.eval_samples
     timer = Timer()
     params = dataclasses.replace(t.sampling, temperature=0.0) if k == 1 else t.sampling
-    gen = torch.Generator(device=t.device).manual_seed(cfg.seed * 1000 + 700 + iteration * 1009 + t.rank)
+    gen = torch.Generator(device=t.device).manual_seed(schedule.held_out_sampling_seed(cfg.seed, iteration, t.rank))
     rows = t.eval_rows[t.rank :: t.world]
     out = {"eval_score": 0.0, "eval_pass_at_k": 0.0}
     if rows and t.multi_turn:  # held-out episodes: their mean return

@@ -189,8 +189,8 @@ class PPOTrainer:
         self.reward_model = next((term.model for term in terms if term.model is not None), None)
         # what samples the rollout and the held-out responses: the policy's own weights, in process
         self.engine = TorchEngine(self.policy.lm, pad_token_id=self.tokenizer.pad_token_id, root=self.policy)
-        self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + self.rank + 1)
-        self.shuffle_gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank + 500)
+        self.sample_gen = torch.Generator(device=self.device).manual_seed(schedule.sampling_seed(cfg.seed, self.rank))
+        self.shuffle_gen = torch.Generator().manual_seed(schedule.shuffle_seed(cfg.seed, self.rank))
         self.state = TrainState()
         self.run_state = RunState(self.learner, self.tokenizer, self.kl_ctl,
                                   RngStreams(self.sample_gen, self.shuffle_gen), self.state)

@@ -1,6 +1,8 @@
-"""Which prompts and episode seeds an iteration uses: fixed functions of the run's seed, the iteration
-and the row's place in it, so a resumed run sees the same data and its environments replay the same
-episodes, on any number of ranks."""
+"""Every seed a run derives from its own (``seed``), in one place: which prompts an iteration uses and
+in what order, the environments' episode seeds, and the seeds of the sampling, minibatch-shuffling
+and held-out sampling generators — fixed functions of the run's seed, the iteration, the rank and the
+row's place, so a resumed run sees the same data and its environments replay the same episodes, and
+the episode seeds do not change with the number of ranks."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def prompt_indices(n_rows: int, iteration: int, *, per_iteration: int, rank: int
         epoch, i = divmod(pos, n_rows)
         if shuffle:
             if epoch not in perms:
-                perms[epoch] = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed + 7919 * epoch))
+                perms[epoch] = torch.randperm(n_rows, generator=torch.Generator().manual_seed(epoch_seed(seed, epoch)))
             i = int(perms[epoch][i])
         out.append(i)
     return out
@@ -74,3 +76,29 @@ def held_out_seeds(seed: int, n_rows: int, *, rank: int, world: int) -> list[int
     """A seed per held-out row of this rank's share (rows ``rank``, ``rank + world``, …): the row's
     index among all held-out rows, the same at every evaluation and on any number of ranks."""
     return [group_seed(seed, HELD_OUT, i) for i in range(rank, n_rows, world)]
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The permutation of the prompt rows in pass ``epoch`` over the data (``data.shuffle``)."""
+    return seed + 7919 * epoch
+
+
+def sampling_seed(seed: int, rank: int) -> int:
+    """The rollout's sampling generator on ``rank`` (checkpointed: a resumed run continues its stream)."""
+    return seed * 1000 + rank + 1
+
+
+def shuffle_seed(seed: int, rank: int) -> int:
+    """The minibatch-shuffling generator on ``rank`` (checkpointed)."""
+    return seed * 1000 + rank + 500
+
+
+def held_out_sampling_seed(seed: int, iteration: int, rank: int) -> int:
+    """The sampling of the held-out responses at ``iteration``: a generator of its own, so evaluating
+    never moves the training's streams."""
+    return seed * 1000 + 700 + iteration * 1009 + rank
+
+
+def builtin_held_out_seed(seed: int) -> int:
+    """The built-in task's held-out equations (disjoint from the training split by construction)."""
+    return seed + 10_000
