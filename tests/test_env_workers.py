@@ -8,6 +8,7 @@ import json
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from trainer_helpers import tiny_config
@@ -297,6 +298,33 @@ def starts(seconds: str) -> str:
     """
     subprocess.run(["sleep", seconds])
     return "never"
+
+
+def leaves(seconds: str) -> str:
+    """Start a subprocess and return at once.
+
+    Args:
+        seconds: how long it sleeps
+    """
+    subprocess.Popen(["sleep", seconds])
+    return "left it"
+
+
+class Where(Echo):
+    def step(self, text):
+        import ppo_lm
+
+        return ppo_lm.__file__, 1.0, True
+
+
+class Tooled(ToolEnv):
+    tools = [leaves]
+
+    def prompt(self, row):
+        return [{"role": "user", "content": "x"}]
+
+    def reward(self, text):
+        return 0.0
 '''
 
 
@@ -358,7 +386,8 @@ def test_a_killed_trainer_leaves_nothing_running(tmp_path, more):
     assert "hello from the environment" in log.read_text()  # what it printed reached the file
 
 
-def test_a_tool_past_its_limit_takes_what_it_started_along(more):
+def test_a_tool_call_takes_what_it_started_along(more):
+    """Past its limit, or returned: what a call started ends with it (each call has a process group)."""
     import sys
 
     sys.path.insert(0, str(more.parent))
@@ -371,6 +400,45 @@ def test_a_tool_past_its_limit_takes_what_it_started_along(more):
     assert out == "error: starts ran past its time limit of 0.5 s"
     time.sleep(0.3)
     assert not _running(marker)
+    marker = "985.123"
+    assert run_tool_call({"leaves": more_envs.leaves}, {"name": "leaves", "arguments": {"seconds": marker}}, 5) == \
+        "left it"
+    time.sleep(0.3)
+    assert not _running(marker)
+
+
+def test_descriptors_numbered_past_1024_and_the_trainers_own_ppo_lm(tmp_path, more):
+    """A trainer holding many files passes high descriptor numbers to its workers (select() refuses
+    them); a trainer that imported ppo_lm from a checkout of its own has its workers import the same."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import ppo_lm
+
+    copy = tmp_path / "checkout"
+    shutil.copytree(Path(ppo_lm.__file__).parent, copy / "ppo_lm", ignore=shutil.ignore_patterns("__pycache__"))
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(copy)!r})
+        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+        from ppo_lm.rollout.env_pool import EnvPool
+        pool = EnvPool({str(more) + ":Where"!r}, workers=1, timeout_s=30)
+        (st,) = pool.start([{{"prompt": "x"}}], [0], 1)
+        print(pool.step([(st.eid, "go")])[0][0])
+        pool.close()
+        pool = EnvPool({str(more) + ":Tooled"!r}, workers=1, timeout_s=30)
+        (st,) = pool.start([{{"prompt": "x"}}], [0], 1)
+        call = '<tool_call>{{"name": "leaves", "arguments": {{"seconds": "1"}}}}</tool_call>'
+        print(pool.step([(st.eid, call)])[0][0][0]["content"])  # the watchdog heard of the call's group
+        pool.close()
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(copy / "ppo_lm" / "__init__.py"), "left", "it"]
 
 
 def test_the_pool_survives_what_used_to_break_it(tmp_path, more, monkeypatch):
@@ -405,6 +473,8 @@ def test_the_pool_survives_what_used_to_break_it(tmp_path, more, monkeypatch):
     with pytest.raises(EnvError, match="worker process ended"):
         pool.start([{"prompt": "x"}], [0], 1)
     pool.close()
+    with pytest.raises(EnvError, match="workers were stopped"):
+        pool.step([(st.eid, "d")])
 
 
 def test_a_file_in_the_working_directory_does_not_shadow_the_workers_modules(tmp_path, more, monkeypatch):

@@ -29,8 +29,7 @@ from .env_worker import BOOT
 from .environment import EnvError
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-"""The folder ppo_lm is imported from here: the worker imports it from the same place (after the
-trainer's own import path, so an installed ppo_lm is the same one)."""
+"""The folder ppo_lm is imported from here: the worker imports it from the same place."""
 
 LOAD_TIMEOUT_S = 120.0
 """Seconds a worker may take to start and import the environment's module (a module that imports
@@ -147,6 +146,9 @@ class EnvPool:
         """Each ``(eid, request)`` on worker ``eid % workers``, one request at a time per worker, all
         workers at once; each request's limit runs from when its worker starts it. Replies in order."""
         limit = self.timeout_s if limit is None else limit
+        if not self._workers:
+            raise EnvError("the environments' workers were stopped (the pool was closed, or an earlier call failed); "
+                           "start new episodes")
         queues = {w: deque() for w in range(len(self._workers))}
         for k, (eid, request) in enumerate(calls):
             queues[eid % len(self._workers)].append((k, request))

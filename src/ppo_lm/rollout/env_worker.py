@@ -87,9 +87,13 @@ def serve(conn: Connection) -> None:
         sys.stdout.flush()  # what the environment printed reaches the log before the trainer's next line
         try:
             conn.send(reply)
+        except OSError:  # the trainer closed the pool (or ended): nothing is waiting for the reply
+            return
         except Exception as e:  # noqa: BLE001 (pickling what the user's code returned)
-            conn.send(("error", f"the environment's {kind} returned something that cannot be sent to the trainer "
-                                f"({type(e).__name__}: {e}); return str, lists and dicts of str, numbers, bools"))
+            with contextlib.suppress(OSError):
+                conn.send(("error", f"the environment's {kind} returned something that cannot be sent to the "
+                                    f"trainer ({type(e).__name__}: {e}); return str, lists and dicts of str, numbers, "
+                                    "bools"))
 
 
 def watch(death: int, socket_fd: int) -> int:
@@ -108,13 +112,16 @@ def watch(death: int, socket_fd: int) -> int:
     os.close(socket_fd)
     groups: set[int] = set()
     pending = b""
+    poller = select.poll()  # (not select: the trainer's descriptor numbers may be 1024 and above)
+    for fd in (death, read):
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     while True:
-        ready, _, _ = select.select([death, read], [], [])
+        ready = {fd for fd, _ in poller.poll()}
         if death in ready:
             break
         chunk = os.read(read, 4096)
         if not chunk:  # the worker ended: its group goes when the trainer's pipe closes
-            read = death
+            poller.unregister(read)
             continue
         pending += chunk
         *lines, pending = pending.split(b"\n")
@@ -137,13 +144,16 @@ def main(argv: list[str]) -> None:
     SERVING = True
     fd, death = int(argv[1]), int(argv[2])
     tools.GROUPS = watch(death, fd)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it closes the pool
+    # (a terminal's Ctrl-C reaches the trainer only: the worker has a session of its own; the trainer
+    # then closes the pool. The environment's own processes keep SIGINT as Python gives it.)
     serve(Connection(fd))
 
 
-BOOT = ("import sys; sys.path[:1] = []; sys.path.append(sys.argv.pop()); "
+BOOT = ("import sys; sys.path[:1] = []; root = sys.argv.pop(); "
+        "root in sys.path or sys.path.insert(0, root); "
         "from ppo_lm.rollout.env_worker import main; main(sys.argv)")
 """The worker's command line (``python -u -c BOOT FD DEATH_FD PACKAGE_ROOT``): without the current
 directory at the front of the import path (`python -m` would put it there, and a file named like a
-module of the standard library there would shadow it in the worker only), ppo_lm importable from where
-the trainer imported it, the trainer's environment variables as they are."""
+module of the standard library there would shadow it in the worker only), ppo_lm imported from where
+the trainer imported it (its folder put first unless it is on the path already: a checkout the trainer
+put on its path wins over an installed copy), the trainer's environment variables as they are."""

@@ -90,7 +90,9 @@ def run_tool_call(tools: dict, call: dict | str, seconds: float) -> str:
     _tell_watchdog(f"+{pid}")
     try:
         return _collect(pid, read, call["name"], seconds)
-    finally:
+    finally:  # a call is over when it returns: what it left running in its group ends with it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
         _tell_watchdog(f"-{pid}")
 
 
@@ -127,7 +129,7 @@ def _collect(pid: int, read: int, name: str, seconds: float) -> str:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)  # the call and whatever it started
                 return f"error: {name} ran past its time limit of {seconds:g} s"
-            if not select.select([read], [], [], min(left, 3600.0))[0]:
+            if not readable(read, min(left, 3600.0)):
                 continue
             chunk = os.read(read, 1 << 16)
             if not chunk:
@@ -139,6 +141,14 @@ def _collect(pid: int, read: int, name: str, seconds: float) -> str:
     if not chunks and status:
         return f"error: {name} ended its process ({_how(status)}) without an answer"
     return b"".join(chunks).decode("utf-8", "replace")
+
+
+def readable(fd: int, seconds: float | None) -> bool:
+    """Whether ``fd`` has data (or its end) within ``seconds`` (None: wait). ``poll``, not ``select``,
+    which refuses descriptors numbered 1024 and above (a trainer may hold that many files)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(None if seconds is None else int(seconds * 1000)))
 
 
 def _how(status: int) -> str:
