@@ -7,7 +7,7 @@ import random
 
 class Guess:
     def reset(self, row, seed):
-        self.secret = random.Random(seed).randint(0, 9)  # the episode's seed: resume replays it
+        self.secret = random.Random(seed).randint(0, 9)  # the group's seed: one secret a group; resume replays it
         self.tries = 0
         return "Guess my number, 0 to 9:\n"
 
