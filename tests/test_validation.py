@@ -34,6 +34,7 @@ from ppo_lm.trainer.validate import validate_config
         ({"algo__estimator": "grpo"}, "samples_per_prompt"),
         ({"rollout__temperature": -1.0}, "temperature"),
         ({"iterations": 0}, "iterations"),
+        ({"seed": 2**63}, "seed"),
         ({"model__cpu_lanes": -1}, "model.cpu_lanes"),
         ({"model__value_grad_scale": 2.0}, "value_grad_scale"),
         ({"log__report_to": ["neptune"]}, "log.report_to"),
