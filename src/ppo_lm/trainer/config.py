@@ -360,9 +360,9 @@ class TrainConfig:
     checkpoints/; without --resume it must not hold a run already."""
     iterations: int = setting(20, ge=1, resume=True)
     """Total iterations; with --resume, training continues up to this number."""
-    seed: int = setting(0, ge=-(2**53), le=2**53)
+    seed: int = setting(0, ge=-(2**52), le=2**52)
     """Seeds the built-in model and prompts, the prompt order, torch's RNG, and the sampling and
-    minibatch-shuffling generators (offset per process; trainer/schedule.py). |seed| ≤ 2⁵³, so every
+    minibatch-shuffling generators (offset per process; trainer/schedule.py). |seed| ≤ 2⁵², so every
     seed derived from it fits torch's generators."""
     resume: bool = setting(False, resume=True)
     """Continue from the newest intact checkpoint in output_dir, with the run's own settings (read from
