@@ -421,8 +421,11 @@ def test_descriptors_numbered_past_1024_and_the_trainers_own_ppo_lm(tmp_path, mo
     shutil.copytree(Path(ppo_lm.__file__).parent, copy / "ppo_lm", ignore=shutil.ignore_patterns("__pycache__"))
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
-        import os, sys
+        import os, resource, sys
         sys.path.insert(0, {str(copy)!r})
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < 1200:  # a default soft limit of 1024 would refuse the files below
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard) if hard != resource.RLIM_INFINITY else 4096, hard))
         held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
         from ppo_lm.rollout.env_pool import EnvPool
         pool = EnvPool({str(more) + ":Where"!r}, workers=1, timeout_s=30)
