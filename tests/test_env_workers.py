@@ -192,7 +192,7 @@ def test_the_run_stops_in_one_line_with_its_checkpoints_intact(tmp_path, envs, c
 
 def test_workers_do_not_outlive_the_pool(envs):
     pool = EnvPool(f"{envs}:Plain", workers=2, timeout_s=5)
-    pool._ensure_started()
+    pool.open()
     procs = [w.proc for w in pool._workers]
     assert all(p.poll() is None for p in procs)
     del pool

@@ -115,6 +115,11 @@ class EnvPool:
                 with contextlib.suppress(OSError):  # a worker gone since: its next call says so
                     self._workers[w].conn.send(("drop", group))
 
+    def open(self) -> None:
+        """Start the workers and load the environment in each now (else the first :meth:`start` does)."""
+        with self._lock:
+            self._ensure_started()
+
     def close(self) -> None:
         with self._lock:
             _stop(self._workers)
@@ -140,12 +145,13 @@ class EnvPool:
             self._workers.append(_Worker(proc, Connection(ours.detach()), death_write))
         paths = [p for p in sys.path if p]
         self._call([(w, ("load", self.spec, paths)) for w in range(self.size)], "module import",
-                   limit=max(LOAD_TIMEOUT_S, self.timeout_s))
+                   limit=(max(LOAD_TIMEOUT_S, self.timeout_s), "starting a worker"))
 
-    def _call(self, calls: list[tuple[int, tuple]], what: str, limit: float | None = None) -> list:
+    def _call(self, calls: list[tuple[int, tuple]], what: str, limit: tuple[float, str] | None = None) -> list:
         """Each ``(eid, request)`` on worker ``eid % workers``, one request at a time per worker, all
-        workers at once; each request's limit runs from when its worker starts it. Replies in order."""
-        limit = self.timeout_s if limit is None else limit
+        workers at once; each request's limit (seconds, and what sets them: ``rollout.env_timeout_s`` by
+        default) runs from when its worker starts it. Replies in order."""
+        limit = (self.timeout_s, "rollout.env_timeout_s") if limit is None else limit
         if not self._workers:
             raise EnvError("the environments' workers were stopped (the pool was closed, or an earlier call failed); "
                            "start new episodes")
@@ -160,7 +166,7 @@ class EnvPool:
             raise
         return out
 
-    def _exchange(self, queues: dict, out: list, busy: dict, what: str, limit: float) -> None:
+    def _exchange(self, queues: dict, out: list, busy: dict, what: str, limit: tuple[float, str]) -> None:
         """Send each worker its next request as it answers the last; fill ``out``; fail at a deadline."""
         def send_next(w: int) -> None:
             if queues[w]:
@@ -169,7 +175,7 @@ class EnvPool:
                     self._workers[w].conn.send(request)
                 except OSError:  # the worker is gone: its exit status says how
                     self._ended(w, what)
-                busy[w] = (k, time.monotonic() + limit)
+                busy[w] = (k, time.monotonic() + limit[0])
 
         for w in queues:
             send_next(w)
@@ -184,8 +190,7 @@ class EnvPool:
                 send_next(w)
             late = [w for w, (_, d) in busy.items() if d <= time.monotonic()]
             if late:
-                self._fail(f"the environment's {what} ran past its time limit of {limit:g} s "
-                           f"({'rollout.env_timeout_s' if limit == self.timeout_s else 'starting a worker'}); "
+                self._fail(f"the environment's {what} ran past its time limit of {limit[0]:g} s ({limit[1]}); "
                            "its worker process was stopped")
 
     def _reply(self, w: int, what: str):
@@ -217,7 +222,6 @@ def check_env(spec: str, timeout_s: float) -> None:
     loads. :class:`EnvError` with the line that says what is wrong."""
     pool = EnvPool(spec, workers=1, timeout_s=timeout_s)
     try:
-        with pool._lock:
-            pool._ensure_started()
+        pool.open()
     finally:
         pool.close()

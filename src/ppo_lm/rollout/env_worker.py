@@ -34,9 +34,9 @@ class Host:
         self.sample_kw = takes_sample(self.cls)
         self.envs: dict[int, object] = {}
         self._schemas: dict[tuple, tuple] = {}
-        tools = getattr(self.cls, "tools", None)
-        if isinstance(tools, (list, tuple)):  # now, so transformers' import does not count against a reset
-            self.schemas(tools)
+        offered = getattr(self.cls, "tools", None)
+        if isinstance(offered, (list, tuple)):  # now, so transformers' import does not count against a reset
+            self.schemas(offered)
 
     def new(self, eid: int) -> None:
         self.envs[eid] = call_user(self.cls, what="constructor")
@@ -51,14 +51,13 @@ class Host:
     def step(self, eid: int, text: str):
         return check_step(call_user(self.envs[eid].step, text, what="step"))
 
-    def schemas(self, tools) -> list | None:
-        if not tools:
+    def schemas(self, offered) -> list | None:
+        """The JSON schemas of the functions an instance offers, built once per list of functions."""
+        if not offered:
             return None
-        key = tuple(id(t) for t in tools)
-        if key not in self._schemas:
-            from .tools import tool_schemas
-
-            self._schemas[key] = (tuple(tools), tool_schemas(list(tools)))  # the tools kept: their ids stay theirs
+        key = tuple(id(t) for t in offered)
+        if key not in self._schemas:  # the functions kept with their schemas: their ids stay theirs
+            self._schemas[key] = (tuple(offered), tools.tool_schemas(list(offered)))
         return self._schemas[key][1]
 
 

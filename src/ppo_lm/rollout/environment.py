@@ -72,8 +72,8 @@ def plain(value: object, depth: int = 0) -> bool:
     """Data JSON could write — str, int, float, bool, None, lists and str-keyed dicts of them — which is
     what crosses from an environment's worker to the trainer (anything else could run the user's code,
     or fail, when the trainer unpickles it)."""
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return type(value) in (str, bool, int, float, type(None))
+    if type(value) in (str, bool, int, float, type(None)):  # exact types: a subclass could unpickle as code
+        return True
     if depth > 50:
         return False
     if type(value) is list:

@@ -81,5 +81,6 @@ def greedy_eval(
     """Mean verifier score of greedy responses to ``rows`` and the responses themselves."""
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=(tokenizer.eos_token_id,))
     responses, scores = _responses_and_scores(
-        engine, tokenizer, rows, lambda p, r, c: score_with_verifier(verifier, p, r, c), params, prompt_column=prompt_column, batch_size=batch_size)
+        engine, tokenizer, rows, lambda p, r, c: score_with_verifier(verifier, p, r, c), params,
+        prompt_column=prompt_column, batch_size=batch_size)
     return (sum(scores) / len(scores) if scores else float("nan")), responses

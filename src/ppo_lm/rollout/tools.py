@@ -4,12 +4,11 @@ The functions go to the chat template's ``tools`` (their type hints and Google-s
 the schema transformers renders); the model calls them in the Qwen / Hermes form its template
 teaches, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; each call runs in a process of
 its own, forked from the environment's worker, whose process group is killed at the call's time limit
-— code blocked in C stops too, and what the tool started — and its result comes back as a ``tool``
-message. A call the model got
-wrong — JSON that does not parse or nests too deep, a ``<tool_call>`` never closed, a tool that does
-not exist, arguments the function refuses, a result JSON cannot write, a call past the time limit —
-is answered with an ``error: …`` tool message, as a tool would answer it: the model's mistake is part
-of the episode, not the run's failure.
+and when it returns — code blocked in C stops too, and what the tool started — and its result comes
+back as a ``tool`` message. A call the model got wrong — JSON that does not parse or nests too deep, a
+``<tool_call>`` never closed, a tool that does not exist, arguments the function refuses, a result
+JSON cannot write, a call past the time limit — is answered with an ``error: …`` tool message, as a
+tool would answer it: the model's mistake is part of the episode, not the run's failure.
 """
 
 from __future__ import annotations

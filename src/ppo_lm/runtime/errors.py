@@ -30,33 +30,9 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        from .settings import respell_booleans
+
         switches = {s for a in self._actions if isinstance(a, argparse._StoreTrueAction) for s in a.option_strings}
         args = sys.argv[1:] if args is None else list(args)
-        return super().parse_known_args(spelt_switches(args, switches), namespace)
-
-
-def spelt_switches(argv: list[str], switches: set[str]) -> list[str]:
-    """``argv`` with each switch of ``switches`` that is given a YAML boolean (``--x yes``, ``--x=off``)
-    written as a bare switch, or left out for false; other arguments as they are."""
-    from .settings import YAML_FALSE, YAML_TRUE
-
-    words = YAML_TRUE | YAML_FALSE
-    out, i = [], 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        flag, eq, value = arg.partition("=")
-        if flag not in switches:
-            out.append(arg)
-            continue
-        if not eq:
-            if not (i < len(argv) and argv[i].strip().lower() in words):
-                out.append(flag)
-                continue
-            value, i = argv[i], i + 1
-        word = value.strip().lower()
-        if word in YAML_TRUE:
-            out.append(flag)
-        elif word not in YAML_FALSE:
-            out.append(arg)  # argparse names the mistake
-    return out
+        spelling = lambda flag: (lambda on: [flag] if on else []) if flag in switches else None  # noqa: E731
+        return super().parse_known_args(respell_booleans(args, spelling), namespace)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from typing import Any
 
@@ -120,3 +121,25 @@ def yaml_bool(text: str) -> bool:
     if word in YAML_TRUE or word in YAML_FALSE:
         return word in YAML_TRUE
     raise ValueError(f"{text!r} is not a boolean; give true or false")
+
+
+def respell_booleans(argv: list[str], spelling: Callable[[str], Callable[[bool], list[str]] | None]) -> list[str]:
+    """``argv`` with each boolean flag given a YAML spelling (``--x yes``, ``--x=off``; any case, or 1/0)
+    written as its parser takes it. ``spelling(flag)``: None for a flag that is not a boolean, else how
+    to write the flag for a value (e.g. ``--x`` / nothing for a switch). A flag without a boolean word
+    after it, and every other argument, pass as they are (the parser names a mistake)."""
+    words = YAML_TRUE | YAML_FALSE
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        flag, eq, value = arg.partition("=")
+        spell = spelling(flag)
+        if spell is None:
+            out.append(arg)
+            continue
+        if not eq and i < len(argv) and argv[i].strip().lower() in words:
+            value, eq = argv[i], "="
+            i += 1
+        out += spell(yaml_bool(value)) if eq and value.strip().lower() in words else [arg]
+    return out

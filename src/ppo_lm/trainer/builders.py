@@ -401,8 +401,8 @@ def episode_setup(cfg: TrainConfig, tokenizer, policy_lm: nn.Module):
 
 def env_workers(setting: int | str) -> int:
     """``rollout.env_workers``; auto: this process's share of the host's cores (``LOCAL_WORLD_SIZE``
-    processes under torchrun), at most 4 — environments wait on the policy's sampling between turns,
-    so more workers than cores buys nothing."""
+    processes under torchrun), at most 4 — what an environment that computes can use. One that waits
+    (a service, a sandbox) gains from more: docs/benchmarks.md, "Environments that wait"."""
     if setting != "auto":
         return int(setting)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

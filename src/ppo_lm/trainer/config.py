@@ -190,7 +190,8 @@ class RolloutConfig:
     environment runs in worker processes, and one past its limit is killed and the run stops."""
     env_workers: int | Literal["auto"] = setting("auto", ge=1)
     """With `env`: worker processes the environments run in (the episodes of a batch are spread over
-    them and step in parallel). auto: the process's share of the host's cores, at most 4."""
+    them and step in parallel). auto: the process's share of the host's cores, at most 4; an environment
+    that waits on a service gains from more (docs/benchmarks.md)."""
 
 
 @dataclass

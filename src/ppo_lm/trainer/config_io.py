@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import yaml
 
 from ..runtime.errors import ConfigError
-from ..runtime.settings import YAML_FALSE, YAML_TRUE, resumable, yaml_bool
+from ..runtime.settings import respell_booleans, resumable
 from .files import atomic_write_text
 
 C = TypeVar("C")
@@ -140,27 +140,15 @@ def yaml_bool_flags(cls: type, argv: list[str]) -> list[str]:
     it: a switch as ``--log.no-progress`` / ``--log.progress``, a value as ``False`` / ``True``. Other
     words and flags pass unchanged (a switch keeps its bare form, an ``auto`` stays a value)."""
     fields = _bool_fields(cls)
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        flag, eq, value = arg.partition("=")
+
+    def spelling(flag: str):
         flag = flag.replace("_", "-")  # the parser takes either; the switch's `no-` form is built on dashes
         switch = fields.get(flag[2:]) if flag.startswith("--") else None
         if switch is None:
-            out.append(arg)
-            continue
-        if not eq and i < len(argv) and argv[i].strip().lower() in YAML_TRUE | YAML_FALSE:
-            value, eq = argv[i], "="
-            i += 1
-        if not eq or value.strip().lower() not in YAML_TRUE | YAML_FALSE:
-            out.append(arg)  # a bare switch, `auto`, or a mistake the parser names
-        elif switch:
-            out.append(flag if yaml_bool(value) else _switch_off(flag))
-        else:
-            out += [flag, str(yaml_bool(value))]
-    return out
+            return None
+        return (lambda on: [flag if on else _switch_off(flag)]) if switch else (lambda on: [flag, str(on)])
+
+    return respell_booleans(argv, spelling)
 
 
 class _Loader(yaml.SafeLoader):
