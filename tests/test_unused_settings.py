@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from trainer_helpers import tiny_config
+from trainer_helpers import tiny_config, with_overrides
 
 from ppo_lm.cli.main import main
 from ppo_lm.runtime.errors import ConfigError, UserError
@@ -27,14 +27,7 @@ KNOWN = Facts(files_read=True, torchrun=False, cuda=False, chat_prompts=False)
 
 def _cfg(tmp_path, **overrides) -> TrainConfig:
     """The defaults with a few sizes (not tiny_config, whose built-in sizes are themselves one case)."""
-    cfg = TrainConfig(output_dir=str(tmp_path / "run"), iterations=1)
-    for key, value in overrides.items():
-        section, _, name = key.partition("__")
-        if name:
-            setattr(getattr(cfg, section), name, value)
-        else:
-            setattr(cfg, section, value)
-    return cfg
+    return with_overrides(TrainConfig(output_dir=str(tmp_path / "run"), iterations=1), overrides)
 
 
 def _jsonl(path: Path, rows: list[dict]) -> str:

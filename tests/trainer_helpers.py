@@ -16,6 +16,11 @@ def tiny_config(output_dir, **overrides) -> TrainConfig:
     cfg.log.progress = False
     cfg.log.tensorboard = False
     cfg.log.save_every = 0
+    return with_overrides(cfg, overrides)
+
+
+def with_overrides(cfg, overrides: dict):
+    """``cfg`` with ``section__field=value`` (or top-level ``field=value``) settings applied."""
     for key, value in overrides.items():
         section, _, field = key.partition("__")
         if field:
