@@ -30,6 +30,11 @@ RUNS: dict[str, list[str]] = {
     "lora": ["--iterations", "3", "--model.lora-r", "4"],
     "eval": ["--iterations", "2", "--data.eval-prompts", "builtin:equations", "--data.builtin-eval-prompts", "16",
              "--log.eval-every", "1"],
+    "multi-turn-eval": ["--iterations", "2", "--rollout.env", "builtin:equations_retry", "--rollout.max-turns", "2",
+                        "--data.eval-prompts", "builtin:equations", "--data.builtin-eval-prompts", "8",
+                        "--log.eval-every", "1", "--log.eval-samples", "2"],
+    "sampler-logp": ["--iterations", "3", "--rollout.logp-from-sampler", "true"],
+    "shared-critic": ["--iterations", "3", "--model.critic", "shared", "--rollout.missing-eos-penalty", "0.5"],
 }
 RESUMED = "resume"  # "gae" stopped after 2 iterations, then resumed to 3
 TWO_RANKS = "two-ranks"
