@@ -83,9 +83,9 @@ def mallinfo_mb() -> dict[str, float]:
 
 
 def hook_phases(trainer, sampler: Sampler) -> None:
-    """Label the sampler's phases: sampling and scoring (collect_rollout), the update's policy and
+    """Label the sampler's phases: sampling (the engine) and scoring, the update's policy and
     critic forward/backward (module pre-hooks) and the optimiser steps."""
-    import ppo_lm.rollout.collect as collect
+    import ppo_lm.rollout.engine as engine
     import ppo_lm.trainer.ppo as ppo
 
     def labelled(fn, label):
@@ -97,8 +97,8 @@ def hook_phases(trainer, sampler: Sampler) -> None:
                 sampler.label = label + " (end)"
         return run
 
-    gen = collect.generate
-    collect.generate = lambda *a, **k: _then(labelled(gen, "sampling")(*a, **k), sampler, "scoring")
+    gen = engine.generate
+    engine.generate = lambda *a, **k: _then(labelled(gen, "sampling")(*a, **k), sampler, "scoring")
     ppo.ppo_update = labelled(ppo.ppo_update, "update")
     le = trainer.learner
     le.policy.register_forward_pre_hook(lambda *_: _set(sampler, "update: policy fwd/bwd"))

@@ -166,7 +166,7 @@ def test_the_trainer_core_does_not_know_lanes_exist():
     """CPU lanes and DDP's no_sync sit behind Learner.accumulate/backward (and Lanes.map_rows for scoring);
     only the code that builds them names them. The update calls learner.backward(loss, ...), whose
     single-lane path is loss.backward()."""
-    allowed = {"ppo_lm.runtime", "ppo_lm.runtime.lanes", "ppo_lm.trainer.learner", "ppo_lm.rollout.collect"}
+    allowed = {"ppo_lm.runtime", "ppo_lm.runtime.lanes", "ppo_lm.trainer.learner", "ppo_lm.rollout.scoring"}
     users = {m for m, t in _graph().items() if "ppo_lm.runtime.lanes" in t}
     assert users <= allowed, users - allowed
     update = (PKG / "trainer" / "update.py").read_text()

@@ -3,13 +3,12 @@ sees a response without the stop token that ended it."""
 
 from __future__ import annotations
 
-import torch
 from tokenizers.processors import TemplateProcessing
 
 from ppo_lm.data.examples import encode_prompt_response
 from ppo_lm.data.prompts import encode_prompts
-from ppo_lm.rollout.sampling import Generation
 from ppo_lm.rollout.text import response_texts
+from ppo_lm.rollout.trajectory import Trajectory
 from ppo_lm.tasks.equations import build_tokenizer
 
 
@@ -18,9 +17,9 @@ def test_the_stop_token_is_not_in_the_scored_text():
     dot = tok.convert_tokens_to_ids(".")
     x4 = tok.convert_tokens_to_ids(list("x=4"))
     rows = [x4 + [dot], x4 + [tok.eos_token_id], x4 + [dot]]
-    gen = Generation(responses=torch.tensor(rows), mask=torch.ones(3, 4, dtype=torch.bool),
-                     terminated=torch.tensor([True, True, False]))  # the last one ran out of tokens on a "."
-    assert response_texts(tok, gen) == ["x=4", "x=4", "x=4."]
+    trajs = [Trajectory([1], tokens=ids, terminated=stopped)  # the last one ran out of tokens on a "."
+             for ids, stopped in zip(rows, [True, True, False])]
+    assert response_texts(tok, trajs) == ["x=4", "x=4", "x=4."]
 
 
 def test_prompts_carry_the_tokenizers_special_tokens_as_in_sft():

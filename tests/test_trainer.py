@@ -8,8 +8,6 @@ import pytest
 import torch
 from trainer_helpers import count_sevens, tiny_config
 
-from ppo_lm.rollout.collect import RolloutModels, collect_rollout
-from ppo_lm.rollout.reward import RewardTerm
 from ppo_lm.trainer.checkpoint import latest_checkpoint, write_manifest
 from ppo_lm.trainer.metrics_log import is_timing_key
 from ppo_lm.trainer.ppo import PPOTrainer
@@ -46,10 +44,7 @@ def test_first_minibatch_ratio_is_one(tmp_path):
 def test_logp_old_matches_training_forward_on_a_minibatch(tmp_path):
     cfg = tiny_config(tmp_path, rollout__num_prompts=16, rollout__max_new_tokens=8)
     tr = PPOTrainer(cfg, verifier=count_sevens)
-    batch = collect_rollout(
-        tr.engine, RolloutModels(tr.policy, tr.ref, tr.critic, False, (RewardTerm('count_sevens', verifier=count_sevens),)), tr.tokenizer, tr.prompts_for(1),
-        prompt_column="prompt", sampling=tr.sampling, samples_per_prompt=1, generator=tr.sample_gen,
-    )
+    batch = tr.rollout(1)
     assert not batch.terminated.all(), "want a mix of terminated and truncated rows"
     mb = batch.select(torch.tensor([3, 0, 7, 12, 5]))  # another batch size and width than the rollout
     out = tr.policy(mb.input_ids, mb.attention_mask, mb.prompt_width)

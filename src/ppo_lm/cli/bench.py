@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..runtime import peak
 from .bench_workloads import (
     TINY,
     W1_SHAPE,
@@ -141,6 +142,32 @@ def _timed_iterations(trainer, shape, warmup: int, iterations: int):
     return history, flops, prompt_means, host_load(cpu0, host_cpu(), own_cpu_s() - own0)
 
 
+def host_peak_of(shape: Shape, cfg, prompt_len: float, response_len: float, threads: int) -> dict[str, float]:
+    """The host's fp32 matmul peak (:mod:`ppo_lm.runtime.peak`) at the workload's update shapes — a
+    minibatch's tokens through each linear layer — and at 2048³, and nothing on another device, whose
+    peak this does not measure."""
+    if cfg.model.device != "cpu":
+        return {}
+    episodes = cfg.rollout.num_prompts * cfg.rollout.samples_per_prompt
+    rows = max(round(episodes / cfg.optim.num_minibatches * (prompt_len + response_len)), 1)
+    kv_width = shape.hidden // shape.heads * shape.kv_heads
+    return peak.host_peak(peak.decoder_shapes(rows, shape.hidden, shape.intermediate, kv_width),
+                          threads or torch.get_num_threads())
+
+
+def peak_fractions(host: dict[str, float], update_gflop_per_s: float, iteration_gflop_per_s: float) -> dict[str, float]:
+    """How much of the host's best matmul speed (the faster backend of ``host``, from
+    :func:`host_peak_of`) the update and the whole iteration reached, at the workload's shapes and at
+    2048³: a figure that can be set beside another host's."""
+    out = {}
+    for suffix in ("", f"_{peak.REFERENCE}"):
+        best = max((v for k, v in host.items() if k.endswith(f"_gflop_per_s{suffix}")), default=0.0)
+        if best > 0:
+            out[f"update_of_peak{suffix}"] = round(update_gflop_per_s / best, 3)
+            out[f"iteration_of_peak{suffix}"] = round(iteration_gflop_per_s / best, 3)
+    return out
+
+
 def _print_result(result: dict, json_out: bool) -> None:
     if json_out:
         print(json.dumps(result), flush=True)
@@ -191,6 +218,8 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         history, flops, prompt_means, load = _timed_iterations(trainer, shape, warmup, iterations)
         rss_mb = peak_rss_mb()  # the trainer's peak, before the optional generate comparison
         extra = compare_generate(trainer, shape) if compare_hf_generate else {}
+        response_mean = statistics.mean(m["response_length_mean"] for m in history[warmup:])
+        host = host_peak_of(shape, trainer.cfg, statistics.mean(prompt_means[warmup:]), response_mean, threads)
 
     timed, timed_flops = history[warmup:], flops[warmup:]
 
@@ -213,6 +242,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
                                                         zip(timed_flops, timed)) / 1e9, 1),
         "update_gflop_per_s": round(statistics.median(f["update"] / m["update_s"] for f, m in
                                                       zip(timed_flops, timed)) / 1e9, 1),
+        **host,
         "warmup_s": round(sum(m["iteration_s"] for m in history[:warmup]), 3),
         "build_s": round(build_s, 3),
         "compile_kernels": kernels.compiled(), "logp_from_sampler": logp_from_sampler,
@@ -223,6 +253,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         "device": device, "torch": torch.__version__,
         **({"gpu_peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20)} if device.startswith("cuda") else {}), "nproc": os.cpu_count(), "machine": platform.machine(),
     }
+    result.update(peak_fractions(host, result["update_gflop_per_s"], result["achieved_gflop_per_s"]))
     result.update({k: round(v, 2) for k, v in extra.items()})
     _print_result(result, json_out)
     return result

@@ -144,19 +144,18 @@ def check_demo(cfg: DemoConfig, out: Path) -> None:
 
 def _preference_pairs_from_policy(lm, tok, rows, samples: int, seed: int, max_new_tokens: int) -> list[dict]:
     """Pairs (correct over incorrect) from the policy's own samples, labelled by the verifier."""
-    from ..data.prompts import encode_prompts
     from ..rollout.engine import TorchEngine
+    from ..rollout.producer import Producer
     from ..rollout.sampling import SamplingParams
     from ..rollout.text import response_texts
     from ..tasks.equations import verify
 
     prompts = [r["prompt"] for r in rows for _ in range(samples)]
     answers = [r["answer"] for r in rows for _ in range(samples)]
-    ids, mask = encode_prompts(tok, prompts)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
-    engine = TorchEngine(lm, pad_token_id=tok.pad_token_id)
-    gen = engine.generate(ids, mask, params, generator=torch.Generator().manual_seed(seed))
-    texts = response_texts(tok, gen)
+    producer = Producer(TorchEngine(lm, pad_token_id=tok.pad_token_id), tok)
+    texts = response_texts(tok, producer.produce(rows, samples=samples, sampling=params,
+                                                 generator=torch.Generator().manual_seed(seed)))
     scores = verify(prompts, texts, answer=answers)
     rng = random.Random(seed)
     pairs = []
@@ -206,6 +205,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     from ..reporting.plots import plot_proxy_vs_gold, plot_run
     from ..rollout.engine import TorchEngine
     from ..rollout.evaluate import greedy_eval
+    from ..rollout.producer import Producer
     from ..stages.sft import SFTConfig, train_sft
     from ..tasks.equations import build_tiny_policy, build_tokenizer, make_prompts, sft_demonstrations, verify
     from ..trainer.config_io import to_dict
@@ -232,7 +232,8 @@ def run_demo(cfg: DemoConfig) -> dict:
     held = make_prompts(cfg.eval_prompts, seed=builtin_held_out_seed(cfg.seed), split="heldout", unique=True)
 
     def accuracy(lm) -> float:
-        return greedy_eval(TorchEngine(lm, pad_token_id=tok.pad_token_id), tok, held, verify, max_new_tokens=max_new)[0]
+        return greedy_eval(Producer(TorchEngine(lm, pad_token_id=tok.pad_token_id), tok), held, verify,
+                           max_new_tokens=max_new)[0]
 
     # 1. SFT on demonstrations with errors: the starting policy.
     console.print(f"[bold]1. SFT[/] on {cfg.sft_demos} demonstrations ({cfg.sft_error_rate:.0%} wrong)")

@@ -103,7 +103,7 @@ class RolloutBatch:
     response_mask: (B, T) bool, valid response tokens (the stop token included); in a multi-turn
         episode every token after the first prompt, the observations between turns included.
     action_mask: (B, T) bool, the tokens the policy sampled — a multi-turn episode's turns, with holes
-        at its observation tokens (:mod:`ppo_lm.rollout.episodes`); None for single-turn (= response_mask).
+        at its observation tokens (:mod:`ppo_lm.rollout.producer`); None for single-turn (= response_mask).
         Losses, the KL, entropy, values and advantages are over :attr:`loss_mask`.
     episode_info: multi-turn only, (B,) tensors by name: ``turns``, ``observation_tokens``,
         ``context_truncated`` (an observation did not fit ``rollout.max_episode_tokens``); else None.
@@ -123,6 +123,9 @@ class RolloutBatch:
     gold_scores: (B,) monitoring-only verifier scores (``model.gold_reward``), or None.
     score_terms: with several rewards, each one's (B,) scores by name (``scores`` is their weighted
         sum); None with one.
+    logp_behaviour: (B, T) the sampler's log-probs of the sampled tokens (0 elsewhere), and versions: (B,)
+        int64 the version of the weights that sampled each episode (:mod:`ppo_lm.rollout.trajectory`);
+        None where a batch was built without a producer.
     prompts, responses: the texts, for the samples log.
     Episodes are laid out group-contiguous: [p0s0, p0s1, …, p1s0, …].
     """
@@ -144,6 +147,8 @@ class RolloutBatch:
     step_counts: Tensor | None = None
     gold_scores: Tensor | None = None
     score_terms: dict[str, Tensor] | None = None
+    logp_behaviour: Tensor | None = None
+    versions: Tensor | None = None
     prompts: list[str] = field(default_factory=list)
     responses: list[str] = field(default_factory=list)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
@@ -19,6 +19,11 @@ from ..runtime.errors import ConfigError
 from . import console, schedule
 from .config import DataConfig, ModelConfig, TrainConfig
 from .sizing import builtin_max_new_tokens
+
+if TYPE_CHECKING:  # imported where used: the environment's pool only with `rollout.env`
+    from ..rollout.env_pool import EnvPool
+    from ..rollout.environment import Renderer
+    from ..rollout.producer import EpisodeSettings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -383,20 +388,26 @@ def build_prompts(cfg: TrainConfig, tokenizer, policy_lm: nn.Module, rows: list[
     return PromptSet(rows, eval_rows, chat, tuple(stop_ids), longest)
 
 
-def episode_setup(cfg: TrainConfig, tokenizer, policy_lm: nn.Module):
-    """With ``rollout.env``: the episodes' limits (``max_episode_tokens`` 0 = the policy's context), the
-    renderer of the environment's answers (the chat template of ``data.chat_template``) and the pool of
-    worker processes the environment runs in (started on first use)."""
+class EpisodeSetup(NamedTuple):
+    envs: EnvPool
+    renderer: Renderer
+    episodes: EpisodeSettings
+
+
+def episode_setup(cfg: TrainConfig, tokenizer, policy_lm: nn.Module) -> EpisodeSetup:
+    """With ``rollout.env``: the pool of worker processes the environment runs in (started on first use),
+    the renderer of its answers (the chat template of ``data.chat_template``) and the episodes' limits
+    (``max_episode_tokens`` 0 = the policy's context)."""
     from ..rollout.env_pool import EnvPool
     from ..rollout.environment import Renderer
-    from ..rollout.episodes import EpisodeSettings
+    from ..rollout.producer import EpisodeSettings
 
     r, d = cfg.rollout, cfg.data
     context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
     settings = EpisodeSettings(r.max_turns, min(r.max_episode_tokens or context, context))
     template = Path(d.chat_template).read_text() if d.chat_template not in ("auto", "none") else None
     pool = EnvPool(r.env, workers=env_workers(r.env_workers), timeout_s=r.env_timeout_s)
-    return settings, Renderer(tokenizer, template, chat=d.chat_template != "none"), pool
+    return EpisodeSetup(pool, Renderer(tokenizer, template, chat=d.chat_template != "none"), settings)
 
 
 def env_workers(setting: int | str) -> int:

@@ -69,11 +69,12 @@ def banner(trainer) -> str:
         lines.append(f"  critic    {type(trainer.critic.model).__name__}: {parameters(trainer.critic)}")
     elif trainer.shared_critic:
         lines.append("  critic    a value head on the policy's body")
-    if trainer.multi_turn:
-        e = trainer.episode_settings
+    envs = trainer.producer.envs
+    if envs is not None:
+        e = trainer.producer.episodes
         lines.append(f"  env       {cfg.rollout.env}: ≤ {e.max_turns} turns, ≤ {e.max_episode_tokens} tokens per episode "
-                     f"(its turn rewards are the reward); {trainer.envs.size} worker process"
-                     f"{'es' if trainer.envs.size > 1 else ''}, each call ≤ {trainer.envs.timeout_s:g} s")
+                     f"(its turn rewards are the reward); {envs.size} worker process"
+                     f"{'es' if envs.size > 1 else ''}, each call ≤ {envs.timeout_s:g} s")
     for term in trainer.rewards:
         weight = f" × {term.weight:g}" if len(trainer.rewards) > 1 else ""
         what = f"model: {parameters(term.model)}" if term.model is not None else "verifier"

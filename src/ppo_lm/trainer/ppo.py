@@ -30,11 +30,13 @@ from ..models import kernels, sharding
 from ..models.actor_critic import RewardScorer
 from ..models.hf_compat import enable_checkpointing
 from ..rollout.batch import RolloutBatch
-from ..rollout.collect import RolloutModels, collect_rollout
 from ..rollout.engine import TorchEngine
-from ..rollout.episodes import collect_episodes
+from ..rollout.producer import Producer
 from ..rollout.reward import RewardTerm
 from ..rollout.sampling import SamplingParams
+from ..rollout.scoring import RolloutModels, ScoringSettings, score_trajectories
+from ..rollout.source import Request, SyncSource
+from ..rollout.trajectory import TrajectoryBatch
 from ..runtime import distributed as dist
 from ..runtime.errors import UserError
 from ..runtime.timing import Timer
@@ -42,7 +44,7 @@ from . import adapters, builders, console, credit, schedule, sizing
 from .config import TrainConfig
 from .config_io import dump_yaml, to_dict
 from .diagnostics import episode_returns, rollout_metrics
-from .evaluation import held_out_metrics
+from .evaluation import HeldOut, held_out_metrics
 from .learner import build_learner
 from .metrics_log import MetricsLogger, truncate_jsonl
 from .preflight import preflight
@@ -89,11 +91,14 @@ class PPOTrainer:
         self.output_dir = Path(self.cfg.output_dir)
         self.estimator = get_advantage_estimator(self.cfg.algo.estimator)
         self.multi_turn = cfg.rollout.env is not None  # episodes of an environment (rollout.env)
+        self.warned_no_signal = False
 
         terms, policy_lm = self._build_models(pre, policy, tokenizer, verifier)
         longest_prompt = self._build_prompts(pre, prompt_rows, policy_lm)
+        self._build_producer(policy_lm)
         self._size_micro_batches(policy_lm, terms, longest_prompt)
         self._build_training_state(terms)
+        self._build_source()
         console.say(console.banner(self))
 
     def _build_models(self, pre, policy, tokenizer, verifier) -> tuple[list[RewardTerm], nn.Module]:
@@ -145,14 +150,23 @@ class PPOTrainer:
         found = builders.build_prompts(cfg, self.tokenizer, policy_lm, rows, pre.eval_rows,
                                        given=prompt_rows is not None, env=self.multi_turn)
         self.prompt_rows, self.eval_rows, self.chat_prompts = found.rows, found.eval_rows, found.chat
-        if self.multi_turn:
-            self.episode_settings, self.renderer, self.envs = builders.episode_setup(cfg, self.tokenizer, policy_lm)
         self.sampling = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
             top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=found.stop_ids,
             min_new_tokens=cfg.rollout.min_new_tokens,
         )
         return found.longest_prompt
+
+    def _build_producer(self, policy_lm: nn.Module) -> None:
+        """What samples (docs/architecture.md): the engine — the policy's own weights, in process — and
+        the producer of trajectories through it: single-turn responses to the prompt rows, or with
+        ``rollout.env`` the environment's episodes (its worker processes start on first use)."""
+        cfg = self.cfg
+        self.engine = TorchEngine(self.policy.lm, pad_token_id=self.tokenizer.pad_token_id, root=self.policy)
+        episodes = builders.episode_setup(cfg, self.tokenizer, policy_lm) if self.multi_turn else None
+        self.producer = Producer(self.engine, self.tokenizer, device=self.device, prompt_column=cfg.data.prompt_column,
+                                 add_special_tokens=not self.chat_prompts,
+                                 **(episodes._asdict() if episodes is not None else {}))
 
     def _size_micro_batches(self, policy_lm: nn.Module, terms: list[RewardTerm], longest_prompt: int | None) -> None:
         """An ``auto`` ``optim.micro_batch_size`` from the activations of the longest rows the update can
@@ -161,7 +175,7 @@ class PPOTrainer:
         r, o = self.cfg.rollout, self.cfg.optim
         self.sized = sizing.size_micro_batches(
             self.sized, minibatch_rows=r.num_prompts // self.world * r.samples_per_prompt // o.num_minibatches,
-            tokens_per_row=(self.episode_settings.max_episode_tokens if self.multi_turn
+            tokens_per_row=(self.producer.episodes.max_episode_tokens if self.multi_turn
                             else longest_prompt + r.max_new_tokens),
             bodies=[policy_lm] + ([self.critic.model] if self.critic is not None else []),
             models=[self.policy, self.critic, self.ref, *(term.model for term in terms)],
@@ -187,13 +201,28 @@ class PPOTrainer:
                     sharding.shard(term.model, term.model.model, bf16=cfg.model.fsdp_bf16)
         self.rewards = tuple(terms)
         self.reward_model = next((term.model for term in terms if term.model is not None), None)
-        # what samples the rollout and the held-out responses: the policy's own weights, in process
-        self.engine = TorchEngine(self.policy.lm, pad_token_id=self.tokenizer.pad_token_id, root=self.policy)
+        self.models = RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.rewards,
+                                    self.gold_verifier)
         self.sample_gen = torch.Generator(device=self.device).manual_seed(schedule.sampling_seed(cfg.seed, self.rank))
         self.shuffle_gen = torch.Generator().manual_seed(schedule.shuffle_seed(cfg.seed, self.rank))
         self.state = TrainState()
         self.run_state = RunState(self.learner, self.tokenizer, self.kl_ctl,
                                   RngStreams(self.sample_gen, self.shuffle_gen), self.state)
+
+    def _build_source(self) -> None:
+        """Where each iteration's trajectories come from (sampled on demand, on policy), how the learner
+        scores them, and what held-out evaluation runs on."""
+        cfg, r = self.cfg, self.cfg.rollout
+        self.source = SyncSource(self.producer, self.request, samples=r.samples_per_prompt, sampling=self.sampling,
+                                 generator=self.sample_gen)
+        self.scoring = ScoringSettings(temperature=self.sampling.temperature or 1.0,
+                                       forward_batch_size=r.forward_batch_size,
+                                       missing_eos_penalty=r.missing_eos_penalty,
+                                       logp_from_sampler=r.logp_from_sampler, prompt_column=cfg.data.prompt_column)
+        self.held_out = None if self.eval_rows is None else HeldOut(
+            producer=self.producer, rows=self.eval_rows, sampling=self.sampling, samples=cfg.log.eval_samples,
+            pass_score=cfg.log.eval_pass_score, seed=cfg.seed, device=self.device, rank=self.rank, world=self.world,
+            rewards=self.rewards, gold_verifier=self.gold_verifier)
 
     # ------------------------------------------------------------------------------------------
     def prompts_for(self, iteration: int) -> list[dict]:
@@ -204,13 +233,18 @@ class PPOTrainer:
             world=self.world, seed=c.seed, shuffle=c.data.shuffle)]
 
     def train_iteration(self, iteration: int) -> Iteration:
-        """One PPO iteration: rollout, then :meth:`learn` from it. Returns the iteration's metrics and
-        the credit data of its rollout."""
+        """One PPO iteration: take its trajectories from the source, score them, :meth:`learn` from
+        them, publish the new weights to the engine. Returns the iteration's metrics and the credit
+        data of its rollout."""
         timer = Timer()
         batch = self.rollout(iteration, timer)
         done = self.learn(batch, iteration, timer)
         self.engine.update_weights(iteration)  # the weights after this iteration's update
         return done
+
+    def request(self, iteration: int) -> Request:
+        """What ``iteration`` plays on this rank: its prompt rows, and with an environment a seed per row."""
+        return Request(self.prompts_for(iteration), self.episode_seeds(iteration) if self.multi_turn else None)
 
     def episode_seeds(self, iteration: int) -> list[int]:
         """A seed per group (prompt row) of this rank's share of ``iteration`` (trainer/schedule.py)."""
@@ -218,26 +252,19 @@ class PPOTrainer:
                                       rank=self.rank, world=self.world)
 
     def rollout(self, iteration: int, timer: Timer | None = None) -> RolloutBatch:
-        # 1. Rollout: sample with π_old, then score with π_old, π_ref, V_old and the reward — or, with an
-        #    environment, run every episode turn by turn, then score the whole episodes.
-        cfg = self.cfg
-        models = RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.rewards,
-                               self.gold_verifier)
-        if self.multi_turn:
-            return collect_episodes(
-                self.engine, models, self.tokenizer, self.envs, self.prompts_for(iteration), self.episode_seeds(iteration),
-                renderer=self.renderer, sampling=self.sampling, settings=self.episode_settings,
-                samples_per_prompt=cfg.rollout.samples_per_prompt, generator=self.sample_gen,
-                forward_batch_size=cfg.rollout.forward_batch_size, device=self.device, timer=timer,
-                lanes=self.learner.lanes)
-        return collect_rollout(
-            self.engine, models, self.tokenizer, self.prompts_for(iteration), prompt_column=cfg.data.prompt_column,
-            sampling=self.sampling, samples_per_prompt=cfg.rollout.samples_per_prompt,
-            generator=self.sample_gen, forward_batch_size=cfg.rollout.forward_batch_size,
-            missing_eos_penalty=cfg.rollout.missing_eos_penalty, device=self.device, timer=timer,
-            logp_from_sampler=cfg.rollout.logp_from_sampler, lanes=self.learner.lanes,
-            add_special_tokens=not self.chat_prompts,
-        )
+        # 1. Rollout: the iteration's trajectories from the source — responses sampled with π_old, or an
+        #    environment's episodes played turn by turn — then scored here with π_old, π_ref, V_old and
+        #    the reward. ``timer`` receives ``generate_s`` (sampling and the environments) and ``score_s``.
+        timer = timer if timer is not None else Timer()
+        with timer("generate_s"):
+            trajectories = self.source.take(iteration)
+        with timer("score_s"):
+            return self.score(trajectories)
+
+    def score(self, trajectories: TrajectoryBatch) -> RolloutBatch:
+        """Trajectories → the rollout batch: every model's forward over them, then the reward."""
+        return score_trajectories(self.models, self.tokenizer, trajectories, self.scoring, device=self.device,
+                                  lanes=self.learner.lanes)
 
     def learn(self, batch: RolloutBatch, iteration: int, timer: Timer | None = None) -> Iteration:
         """Steps 2–5 on this rank's share of a rollout; statistics are global over ranks. ``timer``: the
@@ -329,14 +356,16 @@ class PPOTrainer:
 
     def evaluate(self, iteration: int) -> dict[str, float]:
         """Held-out evaluation (``data.eval_prompts``), trainer/evaluation.py."""
-        return held_out_metrics(self, iteration)
+        if self.held_out is None:
+            raise ValueError("this run has no held-out prompts (`data.eval_prompts`)")
+        return held_out_metrics(self.held_out, iteration)
 
     def _warn_no_signal(self, score: float) -> None:
         """Once per run: every response of an iteration scored the same, so the advantages carry no
         information about which response was better — typical of an untrained policy on a hard task."""
-        if getattr(self, "_warned_no_signal", False) or not dist.is_main():
+        if self.warned_no_signal or not dist.is_main():
             return
-        self._warned_no_signal = True
+        self.warned_no_signal = True
         warnings.warn(
             f"every response of this iteration scored {score:g}: the scores carry no learning signal. Start "
             "from a policy that sometimes succeeds (e.g. after `ppo-lm sft`), sample more per prompt "
@@ -404,8 +433,7 @@ class PPOTrainer:
                 if it == cfg.iterations or (cfg.log.save_every and it % cfg.log.save_every == 0):
                     save_checkpoint(self.run_state, self.output_dir, it, cfg.log.keep_last)
         finally:
-            if self.multi_turn:  # the environments' workers: started again if the trainer goes on
-                self.envs.close()
+            self.source.close()  # the environments' workers: started again if the trainer goes on
             if logger:
                 logger.close()
         return history

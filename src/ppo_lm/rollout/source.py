@@ -1,0 +1,58 @@
+"""Where the learner takes each iteration's trajectories from (docs/architecture.md, "Producer,
+trajectories, source").
+
+A source turns an iteration number into a :class:`~ppo_lm.rollout.trajectory.TrajectoryBatch`: which
+rows and seeds an iteration plays is the plan's (the trainer's schedule), how and when they are
+sampled is the source's. :class:`SyncSource` samples on demand, with the weights the learner holds
+when it asks: every trajectory of iteration k is sampled by version k − 1, on policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .producer import Producer
+from .sampling import SamplingParams
+from .trajectory import TrajectoryBatch
+
+
+@dataclass(frozen=True)
+class Request:
+    """What an iteration plays: this rank's prompt rows and, with an environment, one seed per row."""
+
+    rows: list[dict]
+    seeds: list[int] | None = None
+
+
+class TrajectorySource(Protocol):
+    def take(self, iteration: int) -> TrajectoryBatch:
+        """The trajectories the learner trains on in ``iteration`` (1-based)."""
+        ...
+
+    def close(self) -> None:
+        """Stop whatever it runs (worker processes, threads); it starts them again if taken from."""
+        ...
+
+
+class SyncSource:
+    """Samples iteration k's requests (``plan(k)``) when the learner takes them: ``samples`` per row
+    under ``sampling``, with ``generator`` (the run's sampling stream, saved in its checkpoints)."""
+
+    def __init__(self, producer: Producer, plan: Callable[[int], Request], *, samples: int,
+                 sampling: SamplingParams, generator: torch.Generator | None):
+        self.producer, self.plan = producer, plan
+        self.samples, self.sampling, self.generator = samples, sampling, generator
+
+    def take(self, iteration: int) -> TrajectoryBatch:
+        request = self.plan(iteration)
+        trajectories = self.producer.produce(request.rows, samples=self.samples, sampling=self.sampling,
+                                             generator=self.generator, seeds=request.seeds)
+        return TrajectoryBatch(trajectories, self.samples, self.producer.environment, iteration)
+
+    def close(self) -> None:
+        if self.producer.envs is not None:
+            self.producer.envs.close()
