@@ -110,8 +110,6 @@ def test_settings_a_run_ignores_are_refused_from_the_settings_alone(tmp_path, ov
      "turn rewards replace `model.reward`"),
     ({"rollout__env": "builtin:equations_retry", "model__gold_reward": "builtin:equations"}, "model.gold_reward",
      "no verifier scores the episodes"),
-    ({"rollout__env": "builtin:equations_retry", "rollout__logp_from_sampler": True}, "rollout.logp_from_sampler",
-     "multi-turn episodes take logp_old from a scoring forward"),
     ({"model__critic_init": "reward"}, "model.critic_init", "`model.reward` names verifiers only"),
     ({"model__critic": "shared", "rollout__logp_from_sampler": True}, "rollout.logp_from_sampler",
      "the shared critic's values need the policy's scoring forward"),

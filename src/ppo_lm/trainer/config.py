@@ -172,7 +172,8 @@ class RolloutConfig:
     logp_from_sampler: bool = False
     """Take logp_old from the sampler's logits instead of a scoring forward of the policy (saves
     one policy forward per iteration). The two agree within 1e-5 but not exactly, so the first
-    update's ratio is 1 only to ≈ 1e-6. Ignored with a shared critic (its values need the forward)."""
+    update's ratio is 1 only to ≈ 1e-6. An environment's episodes too: the sampler's log-probabilities
+    of their action tokens. Ignored with a shared critic (its values need the forward)."""
     env: str | None = None
     """A multi-turn environment, 'path/to/env.py:Class' or 'module:Class' (docs/environments.md): each
     episode is an instance, reset with a prompt row and a seed, stepped with each turn's text; its turn

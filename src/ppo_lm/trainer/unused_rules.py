@@ -283,8 +283,6 @@ RULES: tuple[Rule, ...] = (
          "leave it out with an environment", after_files=True),
     Rule(("data.prompt_column",), _env("is unused: an environment's reset receives each row whole"),
          "leave it out; the environment reads the columns it needs", after_files=True),
-    Rule(("rollout.logp_from_sampler",), _env("has no effect: multi-turn episodes take logp_old from a scoring "
-                                              "forward"), "leave it out with an environment", after_files=True),
     Rule(("rollout.missing_eos_penalty",), _env("has no effect with `rollout.env`: an episode's rewards are its "
                                                 "environment's alone (only single-turn responses are penalised)"),
          "leave it out (0) with an environment"),
