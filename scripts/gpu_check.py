@@ -22,7 +22,7 @@ def main() -> int:
     import torch
 
     from ppo_lm.cli.bench import run_bench
-    from ppo_lm.trainer.config import TrainConfig
+    from ppo_lm.config.train import TrainConfig
     from ppo_lm.trainer.ppo import PPOTrainer
 
     ap = argparse.ArgumentParser(description="GPU figures: W1 benchmark and a training smoke run")

@@ -558,8 +558,8 @@ def test_each_estimators_default_loss_aggregation_is_the_documented_one():
     from pathlib import Path
 
     from ppo_lm.algorithms import registry
-    from ppo_lm.trainer.config import AlgoConfig
-    from ppo_lm.trainer.validate import resolve_algo
+    from ppo_lm.config.train import AlgoConfig
+    from ppo_lm.config.validate import resolve_algo
 
     assert {n: s.loss_agg for n, s in registry.ADVANTAGE_ESTIMATORS.items()} == DOCUMENTED_LOSS_AGG
     assert {n: resolve_algo(AlgoConfig(estimator=n)).loss_agg for n in DOCUMENTED_LOSS_AGG} == DOCUMENTED_LOSS_AGG

@@ -10,14 +10,14 @@ import pytest
 
 from ppo_lm.cli import compare
 from ppo_lm.cli.main import main
+from ppo_lm.config.train import TrainConfig
 from ppo_lm.reporting.compare_report import smooth, spread, summarize, summary_markdown
-from ppo_lm.trainer.config import TrainConfig
 
 
 def _in_process(run, config_path, log_path):
     """The smoke runs in this process: a fresh one costs seconds of imports each, and
     test_a_run_is_a_fresh_process_with_its_own_peak_rss checks the real runner."""
-    from ppo_lm.trainer.config_io import dump_yaml
+    from ppo_lm.config.io import dump_yaml
     from ppo_lm.trainer.ppo import PPOTrainer
 
     dump_yaml(run, config_path)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from trainer_helpers import count_sevens, tiny_config
 
-from ppo_lm.trainer import metrics_log
-from ppo_lm.trainer.metrics_log import MetricsLogger
+from ppo_lm.records import metrics_log
+from ppo_lm.records.metrics_log import MetricsLogger
 from ppo_lm.trainer.ppo import PPOTrainer
 
 
@@ -162,7 +162,7 @@ def test_train_and_demo_help_is_complete_and_plain(capsys, command):
     from test_stage_errors import _documented_fields, plain_help
 
     from ppo_lm.cli.demo import DemoConfig
-    from ppo_lm.trainer import config as c
+    from ppo_lm.config import train as c
 
     plain_help(capsys, command)
     classes = [c.TrainConfig, c.ModelConfig, c.DataConfig, c.RolloutConfig, c.AlgoConfig, c.OptimConfig, c.LogConfig]

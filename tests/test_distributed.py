@@ -13,7 +13,7 @@ import pytest
 import torch
 from dist_worker import build, fixed_rollout, save_reward_model, weights
 
-from ppo_lm.trainer.checkpoint import latest_checkpoint
+from ppo_lm.records.checkpoint import latest_checkpoint
 
 HERE = Path(__file__).parent
 
@@ -94,7 +94,7 @@ def _train_args(out, iterations, *extra):
 def _metric_rows(path):
     import json
 
-    from ppo_lm.trainer.metrics_log import is_timing_key
+    from ppo_lm.records.metrics_log import is_timing_key
 
     rows = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in rows]

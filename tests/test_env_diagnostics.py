@@ -9,11 +9,11 @@ import torch
 from trainer_helpers import tiny_config
 
 from ppo_lm.cli.main import main
+from ppo_lm.config.validate import validate_config
 from ppo_lm.rollout.batch import RolloutBatch
 from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.trainer.diagnostics import rollout_metrics
 from ppo_lm.trainer.ppo import PPOTrainer
-from ppo_lm.trainer.validate import validate_config
 
 TWO_TURNS = '''
 class TwoTurns:

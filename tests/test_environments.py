@@ -266,7 +266,7 @@ def test_mixing_text_and_messages_is_refused(chat_tokenizer):
 def _metrics(path):
     import json
 
-    from ppo_lm.trainer.metrics_log import is_timing_key
+    from ppo_lm.records.metrics_log import is_timing_key
 
     rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in rows]

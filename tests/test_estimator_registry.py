@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ppo_lm.algorithms.registry import ADVANTAGE_ESTIMATORS, estimator
-from ppo_lm.trainer.config import AlgoConfig
-from ppo_lm.trainer.config_io import _hints
+from ppo_lm.config.io import _hints
+from ppo_lm.config.train import AlgoConfig
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "ppo_lm"
 

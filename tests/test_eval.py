@@ -9,10 +9,10 @@ import pytest
 from dist_worker import save_reward_model
 from trainer_helpers import count_sevens, tiny_config
 
+from ppo_lm.records.metrics_log import is_timing_key
 from ppo_lm.rollout.evaluate import greedy_eval
 from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.tasks.equations import make_prompts, verify
-from ppo_lm.trainer.metrics_log import is_timing_key
 from ppo_lm.trainer.ppo import PPOTrainer
 
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from ppo_lm.trainer.files import atomic_write_text
-from ppo_lm.trainer.metrics_log import truncate_jsonl
+from ppo_lm.records.metrics_log import truncate_jsonl
+from ppo_lm.runtime.files import atomic_write_text
 
 
 def test_a_failed_rewrite_leaves_the_old_file(tmp_path, monkeypatch):

@@ -12,10 +12,10 @@ from ppo_lm.cli import compare
 from ppo_lm.cli.demo import DemoConfig
 from ppo_lm.cli.main import _parse
 from ppo_lm.cli.stages import SFTCommand
+from ppo_lm.config.io import dump_yaml, yaml_bool_flags
+from ppo_lm.config.train import TrainConfig
 from ppo_lm.runtime.errors import UsageError
 from ppo_lm.runtime.settings import yaml_bool
-from ppo_lm.trainer.config import TrainConfig
-from ppo_lm.trainer.config_io import dump_yaml, yaml_bool_flags
 
 TRUE_WORDS = ["true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON", "tRuE", "1"]
 FALSE_WORDS = ["false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF", "fAlSe", "0"]

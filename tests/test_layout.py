@@ -16,8 +16,8 @@ PKG = ROOT / "src" / "ppo_lm"
 
 LAYERS: list[set[str]] = [
     {"ppo_lm", "runtime", "algorithms", "tasks", "presets"},  # the root's face holds only the version
-    {"models", "data"},
-    {"rollout"},
+    {"models", "data", "config"},
+    {"rollout", "records"},
     {"stages", "trainer"},
     {"reporting"},
     {"cli"},

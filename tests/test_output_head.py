@@ -98,9 +98,9 @@ def test_a_critic_from_the_reward_model_starts_on_the_rewards_scale():
     from it must predict that, not the raw score, at the scored (last) position."""
     from transformers import Qwen2ForSequenceClassification
 
+    from ppo_lm.config.train import ModelConfig
     from ppo_lm.models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, sequence_scores
     from ppo_lm.trainer.builders import build_critic
-    from ppo_lm.trainer.config import ModelConfig
 
     torch.manual_seed(0)
     policy = AutoModelForCausalLM.from_config(Qwen2Config(**SMALL)).eval()

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from ppo_lm.algorithms import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from ppo_lm.config.train import AlgoConfig, OptimConfig, TrainConfig
+from ppo_lm.config.validate import validate_config
 from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.runtime.settings import Range, check_ranges, resumable, setting
 from ppo_lm.stages import RMConfig, SFTConfig
 from ppo_lm.stages._common import StageConfig
-from ppo_lm.trainer.config import AlgoConfig, OptimConfig, TrainConfig
-from ppo_lm.trainer.validate import validate_config
 
 
 @dataclass
@@ -128,8 +128,8 @@ def test_the_shipped_presets_load_and_validate():
     from pathlib import Path
 
     from ppo_lm.cli.demo import DemoConfig
+    from ppo_lm.config.io import load_yaml
     from ppo_lm.presets import preset
-    from ppo_lm.trainer.config_io import load_yaml
 
     root = Path(__file__).resolve().parents[1]
     demo = load_yaml(preset("demo_ppo"), TrainConfig)

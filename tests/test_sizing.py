@@ -1,4 +1,4 @@
-"""The ``auto`` learning rates, response limit and micro-batches, resolved by the policy's size (trainer/sizing.py):
+"""The ``auto`` learning rates, response limit and micro-batches, resolved by the policy's size (config/sizing.py):
 the rules on their own, what a run of the built-in model and of a model past the bound resolves
 (optimisers, sampling, banner), and that config.yaml keeps ``auto``."""
 
@@ -8,9 +8,9 @@ import pytest
 import yaml
 from trainer_helpers import tiny_config
 
-from ppo_lm.trainer import sizing
-from ppo_lm.trainer.config import TrainConfig
-from ppo_lm.trainer.sizing import BILLION_PARAMETERS, LARGE, LARGE_MODEL_PARAMETERS, SMALL, resolve_auto
+from ppo_lm.config import sizing
+from ppo_lm.config.sizing import BILLION_PARAMETERS, LARGE, LARGE_MODEL_PARAMETERS, SMALL, resolve_auto
+from ppo_lm.config.train import TrainConfig
 
 
 def test_auto_resolves_by_parameter_count_and_leaves_given_values_alone():
@@ -104,9 +104,9 @@ def test_a_model_past_the_bound_trains_with_the_large_rates(tmp_path, capsys):
     (-1.0, "`optim.actor_lr` must be a finite number > 0, got -1.0"),
 ])
 def test_bad_rates_are_one_line_naming_the_field(tmp_path, value, message):
+    from ppo_lm.config.io import from_dict
+    from ppo_lm.config.validate import validate_config
     from ppo_lm.runtime.errors import ConfigError
-    from ppo_lm.trainer.config_io import from_dict
-    from ppo_lm.trainer.validate import validate_config
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         validate_config(from_dict(TrainConfig, {"optim": {"actor_lr": value}}))
@@ -194,9 +194,9 @@ def test_a_lora_run_of_a_model_past_the_bound_micro_batches_and_says_so(tmp_path
     (-1, "`optim.micro_batch_size` must be >= 0, got -1"),
 ])
 def test_a_bad_micro_batch_size_is_one_line_naming_the_field(value, message):
+    from ppo_lm.config.io import from_dict
+    from ppo_lm.config.validate import validate_config
     from ppo_lm.runtime.errors import ConfigError
-    from ppo_lm.trainer.config_io import from_dict
-    from ppo_lm.trainer.validate import validate_config
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         validate_config(from_dict(TrainConfig, {"optim": {"micro_batch_size": value}}))

@@ -15,9 +15,9 @@ import time
 import pytest
 from trainer_helpers import count_sevens, length_reward, tiny_config
 
+from ppo_lm.records import trackers as trackers_mod
+from ppo_lm.records.metrics_log import MetricsLogger
 from ppo_lm.runtime.errors import ConfigError
-from ppo_lm.trainer import trackers as trackers_mod
-from ppo_lm.trainer.metrics_log import MetricsLogger
 
 ROWS = [  # iteration 0 (the eval before training), then two training iterations, one NaN value
     (0, {"eval_score": 0.25}),
@@ -285,7 +285,7 @@ def test_trackio_local(tmp_path, trackio_dir, monkeypatch):
 # ------------------------------------------------------------------------------------------------ errors
 
 def test_unknown_tracker_is_a_config_error(tmp_path):
-    from ppo_lm.trainer.validate import validate_config
+    from ppo_lm.config.validate import validate_config
 
     with pytest.raises(ConfigError, match=r"`log.report_to`: unknown tracker\(s\) \['comet'\]"):
         validate_config(tiny_config(tmp_path, log__report_to=["tensorboard", "comet"]), 1)

@@ -166,11 +166,11 @@ def test_a_file_without_turn_records_is_read_from_the_action_flags(adjacent_run,
 def test_turn_records_of_a_batch():
     """episode_turns on a hand-made batch: adjacent turns, an observation answering a turn, padding; a
     single-turn batch's records carry no `turns`."""
+    from ppo_lm.config.train import AlgoConfig
+    from ppo_lm.config.validate import resolve_algo
     from ppo_lm.rollout.batch import RolloutBatch
     from ppo_lm.tasks.equations import build_tokenizer
-    from ppo_lm.trainer.config import AlgoConfig
     from ppo_lm.trainer.credit import CreditTargets, credit_records, episode_turns
-    from ppo_lm.trainer.validate import resolve_algo
 
     tok = build_tokenizer()
     B, T = 2, 6

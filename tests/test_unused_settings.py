@@ -1,5 +1,5 @@
 """What a user names is read and used, or refused with one line saying why this run ignores it
-(trainer/unused.py, issue 42 item 9): each rule of the table, files checked even where unused, the
+(config/unused.py, issue 42 item 9): each rule of the table, files checked even where unused, the
 shipped presets and `ppo-lm compare`'s runs, and a resumed run's own settings."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import pytest
 from trainer_helpers import tiny_config, with_overrides
 
 from ppo_lm.cli.main import main
+from ppo_lm.config.io import load_yaml
+from ppo_lm.config.train import TrainConfig
+from ppo_lm.config.unused import RULES, Facts, unused_settings
+from ppo_lm.config.validate import validate_config
 from ppo_lm.runtime.errors import ConfigError, UserError
-from ppo_lm.trainer.config import TrainConfig
-from ppo_lm.trainer.config_io import load_yaml
 from ppo_lm.trainer.preflight import preflight
-from ppo_lm.trainer.unused import RULES, Facts, unused_settings
-from ppo_lm.trainer.validate import validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -253,8 +253,8 @@ def test_every_rule_names_fields_that_exist_and_a_fix():
 def test_the_kl_placement_the_rules_read_is_the_trainers():
     """unused.py resolves `algo.kl_in: auto` itself (validate.py imports it); the two must agree."""
     from ppo_lm.algorithms import ADVANTAGE_ESTIMATORS
-    from ppo_lm.trainer.unused_rules import _kl_in
-    from ppo_lm.trainer.validate import resolve_algo
+    from ppo_lm.config.unused_rules import _kl_in
+    from ppo_lm.config.validate import resolve_algo
 
     for estimator in ADVANTAGE_ESTIMATORS:
         for kl_in in ("auto", "reward", "loss"):

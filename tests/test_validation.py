@@ -10,12 +10,12 @@ from trainer_helpers import count_sevens, length_reward, tiny_config
 
 from ppo_lm.algorithms import POLICY_LOSSES
 from ppo_lm.cli.main import main
+from ppo_lm.config.io import from_dict, load_yaml
+from ppo_lm.config.train import TrainConfig
+from ppo_lm.config.validate import validate_config
 from ppo_lm.rollout.reward import RewardError
 from ppo_lm.runtime.errors import ConfigError
-from ppo_lm.trainer.config import TrainConfig
-from ppo_lm.trainer.config_io import from_dict, load_yaml
 from ppo_lm.trainer.ppo import NonFiniteLossError, PPOTrainer
-from ppo_lm.trainer.validate import validate_config
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppo_lm.trainer.config import TrainConfig
+from ppo_lm.config.train import TrainConfig
 
 
 def tiny_config(output_dir, **overrides) -> TrainConfig:

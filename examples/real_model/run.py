@@ -119,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                          "training): the files `ppo-lm compare` takes with compare.yaml")
     args, extra = ap.parse_known_args(argv)  # anything else goes to `ppo-lm train` as it is
 
+    from ppo_lm.config.io import load_yaml
+    from ppo_lm.config.train import TrainConfig
     from ppo_lm.runtime.errors import ConfigError
-    from ppo_lm.trainer.config import TrainConfig
-    from ppo_lm.trainer.config_io import load_yaml
 
     try:
         recipe = load_yaml(args.config, TrainConfig)

@@ -290,7 +290,7 @@ def bench_command(argv: list[str]) -> dict:
                     help="model.lora_r: train LoRA adapters of this rank on every linear layer (0: every weight)")
     ap.add_argument("--micro-batch-size", type=int, default=None, metavar="N",
                     help="optim.micro_batch_size: sequences per forward/backward within a minibatch (0: the "
-                         "whole minibatch; default: the library's auto, trainer/sizing.py)")
+                         "whole minibatch; default: the library's auto, config/sizing.py)")
     ap.add_argument("--device", default="cpu", help="cpu (W1's definition) or cuda / cuda:N")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests only
     args = ap.parse_args(argv)

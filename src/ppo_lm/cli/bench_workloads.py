@@ -181,7 +181,7 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None],
     """The workload as a TrainConfig (``paths`` = policy, reward model, tokenizer directories; W3's
     tokenizer is None: the policy's own; ``micro_batch_size``: ``optim.micro_batch_size``, None: the
     library's default, auto — the whole minibatch for W1/W2/W4's models, W3 with LoRA splits it)."""
-    from ..trainer.config import TrainConfig
+    from ..config.train import TrainConfig
 
     cfg = TrainConfig(output_dir=output_dir, iterations=iterations, seed=0, threads=threads)
     m, r, a, o, log = cfg.model, cfg.rollout, cfg.algo, cfg.optim, cfg.log

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config.train import TrainConfig
 from ..runtime.errors import ArgumentParser
-from ..trainer.config import TrainConfig
 from .compare_plan import (
     LAYOUTS,
     CompareError,
@@ -189,7 +189,7 @@ def check_compare(cfg: CompareConfig) -> None:
     start that exists already, each estimator's first run passes the trainer's own checks
     (preflight: paths, reward import, prompt files)."""
     from ..runtime.errors import ConfigError
-    from ..trainer.files import prepare_output_dir
+    from ..runtime.files import prepare_output_dir
 
     _check_numbers(cfg)
     if cfg.config:
@@ -215,8 +215,8 @@ def check_compare(cfg: CompareConfig) -> None:
 
 
 def _check_run(run: TrainConfig, start_exists: bool) -> None:
+    from ..config.validate import validate_config
     from ..trainer.preflight import preflight
-    from ..trainer.validate import validate_config
 
     if not start_exists:  # the demo's SFT policy is built later: the settings alone
         validate_config(run, 1)

@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..config.train import TrainConfig
 from ..runtime.errors import UserError
-from ..trainer.config import TrainConfig
 from ..trainer.schedule import builtin_held_out_seed
 
 LAYOUTS = ("natural", "common")
@@ -68,7 +68,7 @@ def layout(estimator: str, name: str, episodes: int, group_size: int) -> tuple[i
 def run_settings(base: TrainConfig, estimator: str, *, layout_name: str, episodes: int, group_size: int,
                  file_settings: dict, per_estimator: dict[str, dict]) -> TrainConfig:
     """Layers 1–4 for one estimator (the comparison's own fields come on top, in compare.run_config)."""
-    from ..trainer.config_io import from_dict
+    from ..config.io import from_dict
 
     run = copy.deepcopy(base)
     run.rollout.num_prompts, run.rollout.samples_per_prompt = layout(estimator, layout_name, episodes, group_size)
@@ -83,8 +83,8 @@ def read_file_settings(path: str) -> tuple[dict, dict[str, dict]]:
     """The ``--config`` file: its settings for every run, and its ``per_estimator`` sections, each
     checked field by field (unknown fields and wrong types are one line naming them)."""
     from ..algorithms.registry import ADVANTAGE_ESTIMATORS
+    from ..config.io import from_dict, read_yaml
     from ..runtime.errors import ConfigError
-    from ..trainer.config_io import from_dict, read_yaml
 
     data = read_yaml(path)
     sections = data.pop("per_estimator", None) or {}
@@ -107,7 +107,7 @@ def models_held(run: TrainConfig) -> list[str]:
     the policy with its adapters off), a critic for estimators that need one (a separate model, or a
     value head on the policy), and each reward model of `model.reward`."""
     from ..algorithms.registry import get_advantage_estimator
-    from ..trainer.builders import is_model_path, reward_specs
+    from ..config.specs import is_model_path, reward_specs
 
     held = ["policy"] if getattr(run.model, "lora_r", 0) else ["policy", "reference"]
     if get_advantage_estimator(run.algo.estimator).needs_critic:
@@ -146,7 +146,7 @@ def build_start(out: Path, *, smoke: bool, build_policy: bool, threads: int) -> 
 def run_one(run: TrainConfig, config_path: Path, log_path: Path) -> tuple[float, float]:
     """`ppo-lm train --config CONFIG` in a fresh process; returns its wall time (s, start-up included) and
     peak RSS (MB, from wait4: that process alone, not the ones before it)."""
-    from ..trainer.config_io import dump_yaml
+    from ..config.io import dump_yaml
 
     dump_yaml(run, config_path)
     cmd = [sys.executable, "-m", "ppo_lm", "train", "--config", str(config_path)]

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import torch
 
+from ..config.sizing import builtin_max_new_tokens
+from ..config.train import TrainConfig
 from ..presets import preset
 from ..tasks.equations import BUILTIN_HEADS
-from ..trainer.config import TrainConfig
 from ..trainer.schedule import builtin_held_out_seed
-from ..trainer.sizing import builtin_max_new_tokens
 
 
 def demo_ppo() -> TrainConfig:
     """The demo's PPO stage: the shipped preset ``ppo_lm/presets/demo_ppo.yaml`` over the defaults."""
-    from ..trainer.config_io import load_yaml
+    from ..config.io import load_yaml
 
     return load_yaml(preset("demo_ppo"), TrainConfig)
 
@@ -96,10 +96,10 @@ def _out_dir(cfg: DemoConfig) -> Path:
 def check_demo(cfg: DemoConfig, out: Path) -> None:
     """Every setting of the demo, its output directory and its PPO stage's settings, before anything is
     built: a bad value is a :class:`ConfigError` naming the flag, not a failure minutes in."""
+    from ..config.validate import validate_config
     from ..runtime.errors import ConfigError
+    from ..runtime.files import prepare_output_dir
     from ..tasks.equations import make_prompts
-    from ..trainer.files import prepare_output_dir
-    from ..trainer.validate import validate_config
 
     def need(ok: bool, name: str, want: str) -> None:
         if not ok:
@@ -202,13 +202,13 @@ def _print_summary(console, cfg: DemoConfig, acc_before: float, acc_after: float
 def run_demo(cfg: DemoConfig) -> dict:
     from rich.console import Console
 
+    from ..config.io import to_dict
     from ..reporting.plots import plot_proxy_vs_gold, plot_run
     from ..rollout.engine import TorchEngine
     from ..rollout.evaluate import greedy_eval
     from ..rollout.producer import Producer
     from ..stages.sft import SFTConfig, train_sft
     from ..tasks.equations import build_tiny_policy, build_tokenizer, make_prompts, sft_demonstrations, verify
-    from ..trainer.config_io import to_dict
     from ..trainer.ppo import PPOTrainer
 
     console = Console()

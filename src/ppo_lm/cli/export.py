@@ -9,9 +9,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..records.checkpoint import list_checkpoints, verify
 from ..runtime.errors import ArgumentParser, UserError
-from ..trainer.checkpoint import list_checkpoints, verify
-from ..trainer.files import prepare_output_dir
+from ..runtime.files import prepare_output_dir
 
 
 class ExportError(UserError):
@@ -79,12 +79,12 @@ def merge_adapters(run_dir: Path, source: Path, out: Path) -> None:
     fingerprint the checkpoint recorded, then peft loads the adapters and merges them."""
     from peft import PeftModel
 
+    from ..config.io import load_yaml
+    from ..config.train import TrainConfig
     from ..models import lora
     from ..models.hf_compat import load_tokenizer
     from ..runtime.errors import ConfigError
     from ..trainer import builders
-    from ..trainer.config import TrainConfig
-    from ..trainer.config_io import load_yaml
     from ..trainer.state import read_trainer_state
 
     try:

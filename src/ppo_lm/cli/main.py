@@ -25,8 +25,8 @@ def _parse(cls: type, argv: list[str], prog: str, description: str, *, resumable
     --iterations N`` continues the same experiment without repeating its flags."""
     import tyro
 
+    from ..config.io import load_yaml, yaml_bool_flags
     from ..runtime.errors import ConfigError
-    from ..trainer.config_io import load_yaml, yaml_bool_flags
 
     argv = yaml_bool_flags(cls, argv)  # before the --resume pre-parse: `--resume yes` decides alike
     pre = argparse.ArgumentParser(add_help=False)

@@ -133,8 +133,8 @@ def _check_command(c: SFTCommand | RMCommand, section: str) -> None:
 
 def prepare_stage_output(path: str, overwrite: bool) -> Path:
     """Create ``path`` and check that it is writable and holds no finished stage (unless ``overwrite``)."""
+    from ..runtime.files import prepare_output_dir
     from ..stages._common import STAGE_OUTPUTS
-    from ..trainer.files import prepare_output_dir
 
     try:
         out = prepare_output_dir(path, "output_dir")

@@ -1,5 +1,5 @@
 """`ppo-lm train [--config FILE.yaml] [--section.field VALUE ...]`: PPO (or a critic-free estimator) on a
-policy, a reward and prompts, as :class:`~ppo_lm.trainer.config.TrainConfig` declares them."""
+policy, a reward and prompts, as :class:`~ppo_lm.config.train.TrainConfig` declares them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from .main import _parse, _run
 
 
 def cmd_train(argv: list[str]) -> int:
-    from ..trainer.config import TrainConfig
+    from ..config.train import TrainConfig
 
     cfg = _parse(TrainConfig, argv, "ppo-lm train", "Train a policy with PPO (or GRPO/RLOO/REINFORCE++).",
                  resumable=True)

@@ -7,12 +7,12 @@ import dataclasses
 
 from torch import nn
 
+from ..config.train import ModelConfig, TrainConfig
 from ..models import lora
 from ..models.actor_critic import AdaptersOff, CriticModel, PolicyModel
 from ..models.hf_compat import scalar_head, trunk
 from ..runtime.errors import ConfigError
 from . import builders
-from .config import ModelConfig, TrainConfig
 
 
 def lora_settings(m: ModelConfig) -> lora.LoraSettings | None:

@@ -10,15 +10,17 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import nn
 
+from ..config.sizing import builtin_max_new_tokens
+from ..config.specs import is_model_path, reward_specs
+from ..config.train import DataConfig, ModelConfig, TrainConfig
 from ..data import prompts
 from ..models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, CriticModel, PolicyModel
 from ..models.hf_compat import disable_dropout, load_tokenizer, scalar_head, trunk
 from ..models.loading import check_tokenizer_dir, load_model
+from ..records import console
 from ..rollout.reward import RewardTerm, load_verifier, term_name
 from ..runtime.errors import ConfigError
-from . import console, schedule
-from .config import DataConfig, ModelConfig, TrainConfig
-from .sizing import builtin_max_new_tokens
+from . import schedule
 
 if TYPE_CHECKING:  # imported where used: the environment's pool only with `rollout.env`
     from ..rollout.env_pool import EnvPool
@@ -45,12 +47,6 @@ def resolve_device(spec: str) -> torch.device:
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ConfigError(f"`model.device`: {spec!r}, but only {torch.cuda.device_count()} CUDA device(s) exist")
     return device
-
-
-def is_model_path(spec: str) -> bool:
-    return not spec.startswith("builtin") and ":" not in spec.replace("\\", "/").split("/")[-1] and (
-        Path(spec).exists() or "/" in spec
-    )
 
 
 def build_tokenizer(cfg: ModelConfig):
@@ -175,18 +171,6 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     ref.requires_grad_(False)
     disable_dropout(ref)
     return ref
-
-
-def reward_specs(cfg: ModelConfig) -> list[tuple[str, float]]:
-    """``model.reward`` split at commas, each with its weight (``model.reward_weights``, default 1)."""
-    specs = [s.strip() for s in cfg.reward.split(",")]
-    if not all(specs):
-        raise ConfigError(f"`model.reward`={cfg.reward!r} has an empty entry; separate rewards by single commas")
-    weights = list(cfg.reward_weights) or [1.0] * len(specs)
-    if len(weights) != len(specs):
-        raise ConfigError(f"`model.reward_weights` has {len(weights)} weights for {len(specs)} rewards "
-                          f"({', '.join(specs)}); give one per reward, in order")
-    return list(zip(specs, weights))
 
 
 def load_reward_model(path: str, dtype: str) -> nn.Module:

@@ -13,6 +13,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor, nn
 
+from ..config.train import TrainConfig
 from ..models import sharding
 from ..models.actor_critic import CriticModel, PolicyModel
 from ..models.hf_compat import hidden_size, is_checkpointed
@@ -20,7 +21,6 @@ from ..runtime import distributed as dist
 from ..runtime import optim
 from ..runtime.lanes import Lanes, lanes_for
 from ..runtime.memory import release_pays
-from .config import TrainConfig
 
 T = TypeVar("T")
 

@@ -26,9 +26,15 @@ from ..algorithms import (
     shape_rewards,
     whiten,
 )
+from ..config import sizing
+from ..config.io import dump_yaml, to_dict
+from ..config.train import TrainConfig
+from ..config.validate import effective_algo, resolve_algo
 from ..models import kernels, sharding
 from ..models.actor_critic import RewardScorer
 from ..models.hf_compat import enable_checkpointing
+from ..records import console
+from ..records.metrics_log import MetricsLogger, truncate_jsonl
 from ..rollout.batch import RolloutBatch
 from ..rollout.engine import TorchEngine
 from ..rollout.producer import Producer
@@ -40,17 +46,13 @@ from ..rollout.trajectory import TrajectoryBatch
 from ..runtime import distributed as dist
 from ..runtime.errors import UserError
 from ..runtime.timing import Timer
-from . import adapters, builders, console, credit, schedule, sizing
-from .config import TrainConfig
-from .config_io import dump_yaml, to_dict
+from . import adapters, builders, credit, schedule
 from .diagnostics import episode_returns, rollout_metrics
 from .evaluation import HeldOut, held_out_metrics
 from .learner import build_learner
-from .metrics_log import MetricsLogger, truncate_jsonl
 from .preflight import preflight
 from .state import RngStreams, RunState, TrainState, load_checkpoint, save_checkpoint
 from .update import UpdateResult, ppo_update
-from .validate import effective_algo, resolve_algo
 
 
 @dataclass
@@ -111,7 +113,7 @@ class PPOTrainer:
         torch.manual_seed(cfg.seed)
         self.tokenizer = tokenizer if tokenizer is not None else builders.build_tokenizer(cfg.model)
         policy_lm = policy if policy is not None else builders.build_policy(cfg, self.tokenizer)
-        # the "auto" learning rates and response limit, by the policy's size (trainer/sizing.py)
+        # the "auto" learning rates and response limit, by the policy's size (config/sizing.py)
         self.sized = sizing.resolve_auto(cfg, sum(p.numel() for p in policy_lm.parameters()),
                                          getattr(policy_lm.config, "max_position_embeddings", None))
         self.cfg = cfg = self.sized.cfg
@@ -171,7 +173,7 @@ class PPOTrainer:
     def _size_micro_batches(self, policy_lm: nn.Module, terms: list[RewardTerm], longest_prompt: int | None) -> None:
         """An ``auto`` ``optim.micro_batch_size`` from the activations of the longest rows the update can
         see (the longest prompt, or an episode's limit, plus the response limit) against the memory of
-        the models and their training state (trainer/sizing.py)."""
+        the models and their training state (config/sizing.py)."""
         r, o = self.cfg.rollout, self.cfg.optim
         self.sized = sizing.size_micro_batches(
             self.sized, minibatch_rows=r.num_prompts // self.world * r.samples_per_prompt // o.num_minibatches,

@@ -4,7 +4,7 @@ costs a second, not the minutes a big model takes to load (docs/errors.md).
 Order: settings → output directory (creatable, writable, no other run unless resuming) → resume
 (a checkpoint is there, the settings match the run's) → model and tokenizer directories (by their
 ``config.json`` and file names) → the reward function (imported) → the prompt data (read, columns) →
-the settings this run would ignore (trainer/unused.py: refused, once the files they name were checked).
+the settings this run would ignore (config/unused.py: refused, once the files they name were checked).
 """
 
 from __future__ import annotations
@@ -14,22 +14,23 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config.io import flatten, from_dict, load_saved_config, resume_differences, to_dict
+from ..config.specs import is_model_path, reward_specs
+from ..config.train import AlgoConfig, TrainConfig
+from ..config.unused import Facts, check_unused
+from ..config.validate import effective_algo, validate_config
 from ..data.prompts import is_conversation
 from ..models.loading import check_model_dir, check_tokenizer_dir
+from ..records.checkpoint import MANIFEST, list_checkpoints, verify
+from ..records.trackers import check_trackers
 from ..rollout import env_worker
 from ..rollout.env_pool import check_env
 from ..rollout.environment import EnvError
 from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError
+from ..runtime.files import prepare_output_dir
 from . import builders
-from .checkpoint import MANIFEST, list_checkpoints, verify
-from .config import AlgoConfig, TrainConfig
-from .config_io import flatten, from_dict, load_saved_config, resume_differences, to_dict
-from .files import prepare_output_dir
 from .state import DamagedCheckpointError
-from .trackers import check_trackers
-from .unused import Facts, check_unused
-from .validate import effective_algo, validate_config
 
 
 @dataclass
@@ -74,9 +75,9 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     tokenizer_dir = m.tokenizer or m.policy
     if not tokenizer_given and tokenizer_dir != "builtin":
         check_tokenizer_dir(tokenizer_dir, "model.tokenizer" if m.tokenizer else "model.policy")
-    specs = [] if verifier_given else builders.reward_specs(m)  # given verifiers replace model.reward
+    specs = [] if verifier_given else reward_specs(m)  # given verifiers replace model.reward
     for spec, _ in specs:
-        if builders.is_model_path(spec):
+        if is_model_path(spec):
             _check_one_label(check_model_dir(spec, "model.reward", "sequence-classification"), spec)
     if m.critic_init not in ("auto", "policy", "reward"):
         check_model_dir(m.critic_init, "model.critic_init")
@@ -90,13 +91,13 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
         except EnvError as e:
             raise ConfigError(str(e)) from None
     # imported even with an environment, which ignores them: a broken reward is named
-    verifiers = {spec: builders.load_reward_verifier(spec) for spec, _ in specs if not builders.is_model_path(spec)}
+    verifiers = {spec: builders.load_reward_verifier(spec) for spec, _ in specs if not is_model_path(spec)}
     gold = builders.build_gold_verifier(m)
     rows = None if prompt_rows_given else builders.read_prompt_rows(cfg.data, seed=cfg.seed,
                                                                     env=cfg.rollout.env is not None)
     eval_rows = None
     if cfg.data.eval_prompts is not None:
-        if m.gold_reward is None and any(builders.is_model_path(spec) for spec, _ in specs):
+        if m.gold_reward is None and any(is_model_path(spec) for spec, _ in specs):
             raise ConfigError("`data.eval_prompts`: evaluation scores with a verifier, but `model.reward` includes a "
                               "reward model; set `model.gold_reward` to the verifier to evaluate with")
         eval_rows = builders.read_prompt_rows(cfg.data, seed=cfg.seed, held_out=True, env=cfg.rollout.env is not None)
@@ -141,7 +142,7 @@ def _check_chat_template(path: str) -> None:
 
 
 def _check_unused(cfg: TrainConfig, keep: dict, rows: list[dict] | None, eval_rows: list[dict] | None) -> None:
-    """The settings this run ignores (trainer/unused.py), now that every file they name has been read:
+    """The settings this run ignores (config/unused.py), now that every file they name has been read:
     refused, or — where a shipped workflow writes them — warned about."""
     chat = None
     if rows is not None and cfg.rollout.env is None:  # an environment's rows: its reset reads them
@@ -163,7 +164,7 @@ def _check_context(config: dict, cfg: TrainConfig) -> None:
     """The response length fits the policy's context, with room for a prompt."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     context = text.get("max_position_embeddings")
-    limit = cfg.rollout.max_new_tokens  # auto resolves to at most half the context (trainer/sizing.py)
+    limit = cfg.rollout.max_new_tokens  # auto resolves to at most half the context (config/sizing.py)
     if isinstance(context, int) and limit != "auto" and limit >= context:
         raise ConfigError(
             f"`rollout.max_new_tokens`={cfg.rollout.max_new_tokens} leaves no room for a prompt in the policy's "

@@ -19,9 +19,9 @@ from safetensors.torch import load_file, save_file
 from ..algorithms import AdaptiveKLController, FixedKLController
 from ..models import lora, sharding
 from ..models.hf_compat import scalar_head
+from ..records import checkpoint as ckpt
 from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError, UserError
-from . import checkpoint as ckpt
 from .learner import Learner
 
 

@@ -18,13 +18,13 @@ import torch
 from torch import Tensor
 
 from ..algorithms import ObjectiveSettings, StatsAggregator, UpdateStats, loss_units, ppo_objective
+from ..config.train import OptimConfig, TrainConfig
 from ..models import sharding
 from ..models.actor_critic import packs_sequences
 from ..models.hf_compat import checkpointing_on
 from ..rollout.batch import UpdateBatch, agreed_length_groups
 from ..runtime import distributed as dist
 from ..runtime.memory import release_free_memory
-from .config import OptimConfig, TrainConfig
 from .learner import Learner
 
 

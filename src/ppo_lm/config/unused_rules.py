@@ -1,4 +1,4 @@
-"""The table of settings a run would ignore (trainer/unused.py checks it): for each group of fields,
+"""The table of settings a run would ignore (config/unused.py checks it): for each group of fields,
 when this run's path ignores them — a predicate of the settings and of what the start-up checks found
 (:class:`Facts`) that returns the reason, or None where the fields are used — and the fix."""
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..algorithms import get_advantage_estimator
-from .config import TrainConfig
+from .specs import is_model_path, reward_specs
+from .train import TrainConfig
 
 BUILTIN = "builtin:equations"
 NAMING_TRACKERS = ("wandb", "mlflow", "trackio")
@@ -95,8 +96,6 @@ def _critic_init_unused(c: TrainConfig, f: Facts) -> str | None:
                 "`model.critic_init` picks a separate critic's body")
     if c.model.critic_init == "reward" and c.rollout.env is not None:
         return "needs a reward model, but `rollout.env`'s turn rewards replace `model.reward`: none is loaded"
-    from .builders import is_model_path, reward_specs  # builders imports torch and transformers
-
     if c.model.critic_init == "reward" and not any(is_model_path(s) for s, _ in reward_specs(c.model)):
         return "needs a reward model, but `model.reward` names verifiers only"
     return None

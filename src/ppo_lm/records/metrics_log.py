@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from .files import atomic_write_text
+from ..runtime.files import atomic_write_text
 from .trackers import Trackers
 
 TIMING_KEYS_SUFFIXES = ("_s", "_per_s")
@@ -82,7 +82,7 @@ class MetricsLogger:
         if not tensorboard:
             names = [n for n in names if n != "tensorboard"]
         if config is not None and dataclasses.is_dataclass(config) and not isinstance(config, type):
-            from .config_io import to_dict
+            from ..config.io import to_dict
 
             config = to_dict(config)
         self.trackers = Trackers(names, run_name, self.dir, config, tensorboard_missing=_tensorboard_missing_notice)

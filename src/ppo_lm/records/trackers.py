@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from ..config.io import flatten
 from ..runtime.errors import ConfigError
-from .config_io import flatten
-from .files import atomic_write_text
+from ..runtime.files import atomic_write_text
 
 STATE_FILE = "trackers.json"
 """Under the output directory: each tracker's run id, so that a resumed run continues it."""

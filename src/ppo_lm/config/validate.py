@@ -9,8 +9,8 @@ from typing import Any
 from ..algorithms import get_advantage_estimator
 from ..runtime.errors import ConfigError
 from ..runtime.settings import check_ranges
-from .config import AlgoConfig, TrainConfig
-from .config_io import check_types
+from .io import check_types
+from .train import AlgoConfig, TrainConfig
 from .unused import Facts, check_unused
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
@@ -73,7 +73,7 @@ def _check_estimator(cfg: TrainConfig) -> None:
             "`algo.kl_coef` to 0 (to resume a run written before this check, which ran without a KL: "
             "`--algo.kl-coef 0`)"
         )
-    # the critic's settings with a critic-free estimator: trainer/unused.py, with every unused setting
+    # the critic's settings with a critic-free estimator: config/unused.py, with every unused setting
     if spec.needs_groups and r.samples_per_prompt < 2:
         raise ConfigError(
             f"`algo.estimator`={a.estimator!r} compares samples of the same prompt: set "
@@ -103,8 +103,8 @@ def _check_batch_division(cfg: TrainConfig, world_size: int) -> None:
 
 def validate_config(cfg: TrainConfig, world_size: int = 1, *, keep: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` naming the first bad field: its type, the range its field declares
-    (trainer/config.py), then the rules that tie several fields together, then a setting this run would
-    ignore (trainer/unused.py; those that involve a file wait for the start-up checks, which read it).
+    (config/train.py), then the rules that tie several fields together, then a setting this run would
+    ignore (config/unused.py; those that involve a file wait for the start-up checks, which read it).
     ``keep``: a resumed run's own settings (its flattened config.yaml), not refused as unused again."""
     check_types(cfg)
     check_ranges(cfg, error=ConfigError)

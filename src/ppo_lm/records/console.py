@@ -1,5 +1,5 @@
 """What a run prints for people and for batch jobs' logs: progress while models load, a start-up
-banner, and (trainer/metrics_log.py) a line per iteration. Only the main process prints; every line is
+banner, and (records/metrics_log.py) a line per iteration. Only the main process prints; every line is
 flushed, so ``ppo-lm train … > log 2>&1`` shows the run as it goes."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def banner(trainer) -> str:
         lines.append(f"  reward    {term.name}{weight} ({what})")
     if trainer.sized.values:
         values = " · ".join(f"{k} {_short(v)}" for k, v in trainer.sized.values.items())
-        lines.append(f"  auto      {values} ({trainer.sized.reason}; trainer/sizing.py)")
+        lines.append(f"  auto      {values} ({trainer.sized.reason}; config/sizing.py)")
     kl = f"KL {a.kl_estimator} in the {a.kl_in}, β {a.kl_coef:g}" if a.kl_coef else "no KL"
     lines.append(f"  estimator {a.estimator} · {kl} · {r.num_prompts} prompts × {r.samples_per_prompt} "
                  f"sample{'s' if r.samples_per_prompt > 1 else ''} × ≤{r.max_new_tokens} tokens per iteration · {o.epochs} epochs × "

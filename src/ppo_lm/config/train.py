@@ -1,10 +1,10 @@
 """Typed configuration: the single source of defaults. YAML files and CLI flags only override these.
 
 Each field carries its rules (:func:`~ppo_lm.runtime.settings.setting`): the range its value must lie
-in, checked by :func:`~ppo_lm.trainer.validate.validate_config`, and ``resume=True`` where a resumed run
+in, checked by :func:`~ppo_lm.config.validate.validate_config`, and ``resume=True`` where a resumed run
 may set it differently from the run it continues (its length, logging, devices, and the speed
 settings that do not change results; everything else defines the experiment). Rules that tie
-several fields together stay in trainer/validate.py.
+several fields together stay in config/validate.py.
 
 CLI flags follow the dataclass nesting: ``--algo.gae-lambda 0.9``, ``--rollout.max-new-tokens 16``.
 """
@@ -149,7 +149,7 @@ class RolloutConfig:
     """Response length limit in tokens; a response cut there without a stop token is truncated: it
     bootstraps from V, or with `algo.bootstrap_truncated` false its score ends its return
     (docs/algorithm.md §1.3). Also the constant divisor of seq-mean-token-sum-norm.
-    auto: by the policy's size (trainer/sizing.py) — 8 below 10 M parameters (the built-in task's),
+    auto: by the policy's size (config/sizing.py) — 8 below 10 M parameters (the built-in task's),
     128 above (at most half the policy's context), logged in the banner."""
     min_new_tokens: int = setting(0, ge=0)
     """Stop tokens cannot be sampled before this many response tokens (= max_new_tokens gives
@@ -221,7 +221,7 @@ class AlgoConfig:
     return (V = 0 after it), as in verl, OpenRLHF and TRL. Where most responses are cut and the reward
     scores them as they stand, True makes the critic's target r + V feed on its own value, and V climbs
     past every return (docs/critic.md, "Truncated responses"). auto: by the policy's size
-    (trainer/sizing.py) — true below 10 M parameters (the built-in task, where it measured better),
+    (config/sizing.py) — true below 10 M parameters (the built-in task, where it measured better),
     false from 10 M (pretrained models). gae only."""
     whiten_advantages: bool = True
     """Whiten GAE advantages over the global batch (critic-free estimators normalise themselves)."""
@@ -281,14 +281,14 @@ class OptimConfig:
     (num_prompts / processes × samples_per_prompt)."""
     micro_batch_size: int | Literal["auto"] = setting("auto", ge=0, resume=True)
     """Sequences per forward/backward within a minibatch (gradient accumulation); 0 = whole minibatch.
-    auto (trainer/sizing.py): the whole minibatch, except with LoRA adapters on a policy of ≥ 10 M
+    auto (config/sizing.py): the whole minibatch, except with LoRA adapters on a policy of ≥ 10 M
     parameters (whose small training state leaves the activations to set the peak): there the largest
     divisor of the minibatch whose estimated activations stay within a third of the memory the models
     and their training state take; logged in the banner."""
     actor_lr: float | Literal["auto"] = setting("auto", gt=0, finite=True)
     """AdamW learning rate of the policy's parameters (the schedule's peak). With a shared critic the
     trunk's value-loss gradient is also stepped at this rate. auto: by the policy's size
-    (trainer/sizing.py) — 3e-4 below 10 M parameters (the built-in task's; 1e-3 with LoRA), 1e-6 above
+    (config/sizing.py) — 3e-4 below 10 M parameters (the built-in task's; 1e-3 with LoRA), 1e-6 above
     (a pretrained model; 1e-5 with LoRA), logged in the banner."""
     critic_lr: float | Literal["auto"] = setting("auto", gt=0, finite=True)
     """AdamW learning rate of the critic: the separate critic (body and head), or the shared critic's

@@ -14,8 +14,8 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import yaml
 
 from ..runtime.errors import ConfigError
+from ..runtime.files import atomic_write_text
 from ..runtime.settings import respell_booleans, resumable
-from .files import atomic_write_text
 
 C = TypeVar("C")
 

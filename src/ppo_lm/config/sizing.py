@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..algorithms import get_advantage_estimator
-from .config import TrainConfig
+from .train import TrainConfig
 
 LARGE_MODEL_PARAMETERS = 10_000_000
 """Policies with at least this many parameters (embeddings included) take :data:`LARGE`."""

@@ -2,11 +2,11 @@
 why this run does not use it and the fix — never silently accepted (docs/errors.md).
 
 :data:`RULES` is the one table: the fields, when this run's path ignores them, and the fix. A setting
-counts as given when it differs from its dataclass default (trainer/config.py), so a preset, or a
+counts as given when it differs from its dataclass default (config/train.py), so a preset, or a
 config.yaml that writes every field, passes wherever it leaves a field at its default. The table is
 checked twice:
 
-- by :func:`~ppo_lm.trainer.validate.validate_config`, from the settings alone: the rules that involve
+- by :func:`~ppo_lm.config.validate.validate_config`, from the settings alone: the rules that involve
   no setting naming a file (the estimator's critic, the KL, the policy loss, LoRA, logging), so
   ``ppo-lm compare`` and ``ppo-lm demo`` refuse them before anything runs;
 - by the start-up checks (trainer/preflight.py) once every file the settings name has been read and
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ..runtime.errors import ConfigError
-from .config import TrainConfig
+from .train import TrainConfig
 from .unused_rules import RULES, Facts, Rule
 
 __all__ = ["RULES", "Facts", "Rule", "Unused", "check_unused", "unused_settings"]
