@@ -15,7 +15,8 @@ from ppo_lm.config.train import TrainConfig
 from ppo_lm.config.validate import validate_config
 from ppo_lm.rollout.reward import RewardError
 from ppo_lm.runtime.errors import ConfigError
-from ppo_lm.trainer.ppo import NonFiniteLossError, PPOTrainer
+from ppo_lm.trainer.ppo import PPOTrainer
+from ppo_lm.trainer.update import NonFiniteLossError
 
 
 @pytest.mark.parametrize(

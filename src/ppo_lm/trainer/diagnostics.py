@@ -8,6 +8,7 @@ from torch import Tensor
 from ..algorithms import explained_variance, kl_penalty, masked_mean_var
 from ..rollout.batch import RolloutBatch
 from ..runtime import distributed as dist
+from ..runtime.timing import Timer
 
 
 def episode_returns(batch: RolloutBatch) -> Tensor:
@@ -91,3 +92,15 @@ def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, re
         m["value_mean"] = s_v / n_tok
         m["return_mean"] = s_ret / n_tok
     return m
+
+
+def throughput(timer: Timer, mask: Tensor, n_episodes: int, *, epochs: int) -> dict[str, float]:
+    """The iteration's phase timings and rates: tokens of ``mask`` (B, T) over the global batch,
+    ``n_episodes`` global, ``epochs`` passes of the update over them."""
+    s = {"generate_s": 0.0, "score_s": 0.0, **timer.seconds, "iteration_s": timer.since_start()}
+    tokens = float(dist.all_reduce_sum(mask.sum().float()))
+    s["rollout_tokens_per_s"] = tokens / max(s["generate_s"], 1e-9)
+    s["update_tokens_per_s"] = tokens * epochs / max(s["update_s"], 1e-9)
+    s["episodes_per_s"] = n_episodes / max(s["iteration_s"], 1e-9)
+    s["rollout_s"] = s["generate_s"] + s["score_s"]
+    return s

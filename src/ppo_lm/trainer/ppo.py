@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ..algorithms import (
     AdaptiveKLController,
@@ -44,15 +44,14 @@ from ..rollout.scoring import RolloutModels, ScoringSettings, score_trajectories
 from ..rollout.source import Request, SyncSource
 from ..rollout.trajectory import TrajectoryBatch
 from ..runtime import distributed as dist
-from ..runtime.errors import UserError
 from ..runtime.timing import Timer
 from . import adapters, builders, credit, schedule
-from .diagnostics import episode_returns, rollout_metrics
+from .diagnostics import episode_returns, rollout_metrics, throughput
 from .evaluation import HeldOut, held_out_metrics
 from .learner import build_learner
 from .preflight import preflight
 from .state import RngStreams, RunState, TrainState, load_checkpoint, save_checkpoint
-from .update import UpdateResult, ppo_update
+from .update import count_nonfinite, ppo_update
 
 
 @dataclass
@@ -63,10 +62,6 @@ class Iteration:
     metrics: dict[str, float]
     batch: RolloutBatch
     targets: credit.CreditTargets
-
-
-class NonFiniteLossError(UserError, RuntimeError):
-    """Too many consecutive updates had a non-finite loss or gradient."""
 
 
 class PPOTrainer:
@@ -317,7 +312,7 @@ class PPOTrainer:
                                  train_policy=iteration > cfg.optim.critic_warmup_iterations,
                                  kl_coef=beta if a.kl_in == "loss" else 0.0,
                                  nonfinite_in_row=self.state.nonfinite_in_row)
-        self._count_nonfinite(upd, iteration)
+        count_nonfinite(upd, self.state, self.cfg.optim.max_nonfinite_in_row, iteration)
 
         # 5. Diagnostics over the global batch, then the KL controller sees this batch's KL.
         metrics = rollout_metrics(batch, rewards, advantages, returns, beta=beta, kl_estimator=a.kl_estimator,
@@ -330,31 +325,9 @@ class PPOTrainer:
             metrics["lr_critic"] = upd.lr_critic
         metrics["nonfinite_skipped_total"] = float(self.state.nonfinite_total)
         self.kl_ctl.update(metrics["ref_kl"], batch.size * self.world)
-        metrics.update(self._throughput(timer, mask, batch.size * self.world))
+        metrics.update(throughput(timer, mask, batch.size * self.world, epochs=cfg.optim.epochs))
         targets = credit.CreditTargets(rewards, raw_advantages, advantages, returns, reward_beta)
         return Iteration(metrics, batch, targets)
-
-    def _count_nonfinite(self, upd: UpdateResult, iteration: int) -> None:
-        """Skipped minibatch steps into the run's state; too many in a row stop the run."""
-        self.state.nonfinite_in_row = upd.nonfinite_in_row
-        self.state.nonfinite_total += upd.skipped
-        limit = self.cfg.optim.max_nonfinite_in_row
-        if upd.nonfinite_max_in_row >= limit:
-            raise NonFiniteLossError(
-                f"{upd.nonfinite_max_in_row} consecutive minibatch updates had a non-finite loss or gradient "
-                f"(iteration {iteration}; `optim.max_nonfinite_in_row`={limit}): lower "
-                "the learning rates or check the reward scale"
-            )
-
-    def _throughput(self, timer: Timer, mask: Tensor, n_episodes: int) -> dict[str, float]:
-        """The iteration's phase timings and rates (tokens over the global batch)."""
-        s = {"generate_s": 0.0, "score_s": 0.0, **timer.seconds, "iteration_s": timer.since_start()}
-        tokens = float(dist.all_reduce_sum(mask.sum().float()))
-        s["rollout_tokens_per_s"] = tokens / max(s["generate_s"], 1e-9)
-        s["update_tokens_per_s"] = tokens * self.cfg.optim.epochs / max(s["update_s"], 1e-9)
-        s["episodes_per_s"] = n_episodes / max(s["iteration_s"], 1e-9)
-        s["rollout_s"] = s["generate_s"] + s["score_s"]
-        return s
 
     def evaluate(self, iteration: int) -> dict[str, float]:
         """Held-out evaluation (``data.eval_prompts``), trainer/evaluation.py."""

@@ -24,6 +24,7 @@ from ..models.actor_critic import packs_sequences
 from ..models.hf_compat import checkpointing_on
 from ..rollout.batch import UpdateBatch, agreed_length_groups
 from ..runtime import distributed as dist
+from ..runtime.errors import UserError
 from ..runtime.memory import release_free_memory
 from .learner import Learner
 
@@ -41,6 +42,23 @@ class UpdateResult(NamedTuple):
     skipped: int
     nonfinite_in_row: int
     nonfinite_max_in_row: int
+
+
+class NonFiniteLossError(UserError, RuntimeError):
+    """Too many consecutive updates had a non-finite loss or gradient."""
+
+
+def count_nonfinite(upd: UpdateResult, state, limit: int, iteration: int) -> None:
+    """Skipped minibatch steps into the run's ``state`` (a :class:`~ppo_lm.trainer.state.TrainState`);
+    ``limit`` (``optim.max_nonfinite_in_row``) in a row stop the run."""
+    state.nonfinite_in_row = upd.nonfinite_in_row
+    state.nonfinite_total += upd.skipped
+    if upd.nonfinite_max_in_row >= limit:
+        raise NonFiniteLossError(
+            f"{upd.nonfinite_max_in_row} consecutive minibatch updates had a non-finite loss or gradient "
+            f"(iteration {iteration}; `optim.max_nonfinite_in_row`={limit}): lower "
+            "the learning rates or check the reward scale"
+        )
 
 
 class RowsResult(NamedTuple):
