@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?= -m "not slow"
 
-.PHONY: setup test test-all lint demo example bench clean
+.PHONY: setup test test-all lint demo example bench docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -43,5 +43,11 @@ example: setup
 bench: setup
 	$(BIN)/ppo-lm bench --workload w1 --iterations 3 --threads 2
 
+# The docs site (mkdocs.yml) into site/; --strict: a broken link or anchor, or a page left out of the nav,
+# fails the build, as in CI. NO_MKDOCS_2_WARNING: the theme's notice about MkDocs 2, printed on every build.
+docs: setup
+	$(BIN)/pip install --quiet -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build site src/*.egg-info .pytest_cache .ruff_cache

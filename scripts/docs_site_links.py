@@ -11,6 +11,7 @@ on it.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from pathlib import Path
@@ -18,21 +19,22 @@ from pathlib import Path
 from mkdocs.structure.files import File, InclusionLevel
 
 MIRROR = "repo"  # where the repository's other files sit in the site
-# [text](target) or ![alt](target), the target up to an optional #anchor; not inside a code span
+# [text](target) or ![alt](target), the target up to an optional #anchor (in prose: see _prose)
 _LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s#]+)((?:#[^)\s]*)?\))")
 _EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:|^/")  # a scheme (https:, mailto:) or a site-absolute path
 
 
 def _roots(config) -> tuple[Path, Path]:
-    return Path(config.config_file_path).resolve().parent, Path(config.docs_dir).resolve()
+    return Path(os.path.normpath(config.config_file_path)).parent, Path(os.path.normpath(config.docs_dir))
 
 
-_CODE = re.compile(r"(```.*?```|`[^`\n]*`)", re.DOTALL)  # code blocks and spans: their brackets are not links
+# fenced code blocks: their brackets are not links (a span of inline code may be a link's text)
+_FENCED = re.compile(r"(^[ \t]*```.*?^[ \t]*```)", re.DOTALL | re.MULTILINE)
 
 
 def _prose(markdown: str) -> list[str]:
-    """``markdown`` cut at its code: the even items are prose, the odd ones code."""
-    return _CODE.split(markdown)
+    """``markdown`` cut at its fenced code blocks: the even items are prose, the odd ones code."""
+    return _FENCED.split(markdown)
 
 
 def _targets(markdown: str) -> list[str]:
@@ -42,7 +44,7 @@ def _targets(markdown: str) -> list[str]:
 
 def _resolve(source: Path, target: str) -> Path:
     """The file a link from ``source`` names; a folder stands for its README.md, as on GitHub."""
-    path = (source.parent / target).resolve()
+    path = Path(os.path.normpath(source.parent / target))  # not resolve(): a symlink keeps its place
     return path / "README.md" if path.is_dir() else path
 
 
@@ -52,7 +54,7 @@ def _mirrored(root: Path, path: Path) -> str:
 
 def on_files(files, config):
     root, docs = _roots(config)
-    queue = [Path(f.abs_src_path).resolve() for f in files.documentation_pages()]
+    queue = [Path(os.path.normpath(f.abs_src_path)) for f in files.documentation_pages()]
     seen: set[Path] = set(queue)
     while queue:
         source = queue.pop()
@@ -70,7 +72,7 @@ def on_files(files, config):
 
 def on_page_markdown(markdown, page, config, files):
     root, docs = _roots(config)
-    source = Path(page.file.abs_src_path).resolve()
+    source = Path(os.path.normpath(page.file.abs_src_path))
     here = posixpath.dirname(page.file.src_uri)
 
     def rewrite(m: re.Match) -> str:

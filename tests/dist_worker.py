@@ -6,6 +6,7 @@ learning step on this rank's half of a fixed rollout and saves the updated weigh
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -45,10 +46,10 @@ def save_reward_model(path: str) -> str:
 def fixed_rollout(tr: PPOTrainer):
     """The same 8-episode rollout in every process (fixed seed, no dependence on rank)."""
     tr.sample_gen.manual_seed(1234)
-    saved = (tr.rank, tr.world)
-    tr.rank, tr.world = 0, 1  # every process samples the full global batch
+    plan = tr.source.plan
+    tr.source.plan = dataclasses.replace(plan, rank=0, world=1)  # every process samples the full global batch
     batch = tr.rollout(1)
-    tr.rank, tr.world = saved
+    tr.source.plan = plan
     return batch
 
 
@@ -79,7 +80,9 @@ def main() -> None:
         os.makedirs(out_dir, exist_ok=True)
         from ppo_lm.models.sharding import is_sharded
 
-        sharded = {k: is_sharded(getattr(tr, k)) for k in ("policy", "critic", "ref", "reward_model")}
+        reward_model = next((term.model for term in tr.rewards if term.model is not None), None)
+        sharded = {"policy": is_sharded(tr.policy), "critic": is_sharded(tr.critic), "ref": is_sharded(tr.ref),
+                   "reward_model": is_sharded(reward_model)}
         torch.save({"weights": final, "metrics": metrics, "sharded": sharded}, os.path.join(out_dir, "result.pt"))
     del tr  # the process group outlives every model that holds it
     dist.destroy()

@@ -9,13 +9,17 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from ppo_lm.cli import bench, bench_workloads
 from ppo_lm.cli.main import main
+from ppo_lm.runtime import peak
 
 KEYS = {"episodes_per_s", "peak_rss_mb", "s_per_iteration", "generate_s", "score_s", "advantage_s", "update_s",
         "rollout_tokens_per_s", "update_tokens_per_s", "achieved_gflop_per_s", "gflop_per_iteration",
-        "response_length_mean"} | ({"other_cpu_share", "steal_share"} if Path("/proc/stat").exists() else set())
+        "response_length_mean", "peak_blas_gflop_per_s", "peak_blas_gflop_per_s_2048", "update_of_peak",
+        "iteration_of_peak", "update_of_peak_2048", "iteration_of_peak_2048"} | (
+        {"other_cpu_share", "steal_share"} if Path("/proc/stat").exists() else set())
 
 
 def _run(capsys, *args) -> dict:
@@ -33,6 +37,8 @@ def test_w1_smoke_json(capsys):
     assert r["response_length_mean"] == bench_workloads.TINY.response_len  # EOS can never be sampled in W1
     assert r["episodes_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["achieved_gflop_per_s"] > 0
     assert r["episodes_per_s"] == pytest.approx(bench_workloads.TINY.batch / r["s_per_iteration"], rel=1e-2)
+    best = max(v for k, v in r.items() if k.startswith("peak_") and k.endswith("_gflop_per_s"))
+    assert best > 0 and r["update_of_peak"] == pytest.approx(r["update_gflop_per_s"] / best, rel=2e-3, abs=1e-3)
 
 
 def test_w2_stops_early(capsys):
@@ -199,3 +205,37 @@ def test_policy_is_for_w3_only_and_must_exist(capsys, tmp_path):
     assert main(["bench", "--workload", "w3", "--policy", str(tmp_path / "none.gguf")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ppo-lm: error: `--policy`") and "does not exist" in err and err.count("\n") == 1
+
+
+# ---- the host's matmul peak (runtime/peak.py) -------------------------------------------------------
+def test_peak_flop_arithmetic_on_a_tiny_shape(monkeypatch):
+    """2·rows·inner·out FLOPs per product; a backend's GFLOP/s is the shapes' FLOPs over the sum of their
+    best times (so a large shape counts more than a small one); the thread count is put back."""
+    assert peak.MatmulShape(8, 16, 32).flops == 2 * 8 * 16 * 32 == 8192
+    assert peak.gflop_per_s(3e9, 0.5) == 6.0
+    seconds = {(8, 32): 1e-6, (16, 32): 4e-6}  # a call's time, by the shape of its product
+
+    monkeypatch.setattr(peak, "best_seconds", lambda fn, repeats, warmup=1: seconds[tuple(fn().shape)])
+    threads = torch.get_num_threads()
+    one = peak.measure([peak.MatmulShape(8, 16, 32)], threads=1)
+    assert set(one) == set(peak.backends()) and torch.get_num_threads() == threads
+    assert all(v == pytest.approx(8192 / 1e-6 / 1e9) for v in one.values())  # 8.192 GFLOP/s
+    two = peak.measure([peak.MatmulShape(8, 16, 32), peak.MatmulShape(16, 16, 32)], threads=1)
+    assert all(v == pytest.approx((8192 + 16384) / 5e-6 / 1e9) for v in two.values())  # not the mean of 8.2, 4.1
+
+
+def test_every_peak_backend_computes_the_linear_layer():
+    x, w = torch.randn(40, 24), torch.randn(12, 24)
+    for name, fn in peak.backends().items():
+        torch.testing.assert_close(fn(x, w), x @ w.T, rtol=1e-4, atol=1e-4, msg=name)
+    assert "blas" in peak.backends()
+
+
+def test_decoder_shapes_and_fractions_of_the_peak():
+    shapes = peak.decoder_shapes(rows=10, hidden=4, intermediate=6, kv_width=2)
+    assert sum(s.flops for s in shapes) == 2 * 10 * (2 * 4 * 4 + 2 * 4 * 2 + 3 * 4 * 6)  # as forward_flops counts
+    host = {"peak_onednn_gflop_per_s": 400.0, "peak_blas_gflop_per_s": 200.0,
+            "peak_onednn_gflop_per_s_2048": 500.0, "peak_blas_gflop_per_s_2048": 250.0}
+    assert bench.peak_fractions(host, update_gflop_per_s=100.0, iteration_gflop_per_s=50.0) == {
+        "update_of_peak": 0.25, "iteration_of_peak": 0.125, "update_of_peak_2048": 0.2, "iteration_of_peak_2048": 0.1}
+    assert bench.peak_fractions({}, 100.0, 50.0) == {}  # no peak measured (a GPU run): no fraction

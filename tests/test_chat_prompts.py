@@ -40,7 +40,7 @@ def test_messages_are_rendered_with_the_chat_template(tmp_path):
     tok.chat_template = TEMPLATE
     seen, verifier = _capture()
     tr = PPOTrainer(tiny_config(tmp_path / "run", data__prompts=str(f)), tokenizer=tok, verifier=verifier)
-    assert tr.chat_prompts
+    assert tr.sampler.prompts.chat
     batch = tr.rollout(1)
     expected = {f"system: Be brief.\nuser: Solve x+{i}=9\n<bos>assistant: " for i in range(8)}
     assert set(seen["prompts"]) == expected and len(seen["answer"]) == 8

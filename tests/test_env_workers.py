@@ -167,7 +167,7 @@ def test_a_group_plays_one_task(tmp_path, envs, monkeypatch):
     by_seed = {}
     for seed, sample, prompt in rows:
         by_seed.setdefault(seed, []).append((sample, prompt))
-    assert sorted(by_seed) == tr.episode_seeds(1)
+    assert sorted(by_seed) == tr.plan.seeds_for(1)
     for group in by_seed.values():
         assert sorted(s for s, _ in group) == [0, 1, 2, 3] and len({p for _, p in group}) == 1
     log.unlink()

@@ -71,7 +71,7 @@ def test_token_in_token_out_and_the_turn_rewards(tmp_path, env_file, monkeypatch
     tok = tr.tokenizer
     assert b.action_mask is not None and b.episode_info["turns"].tolist() == [3] * b.size
     for i in range(b.size):
-        seed = tr.episode_seeds(1)[i]
+        seed = tr.plan.seeds_for(1)[i]
         texts = [t for s, _, t in sorted(r for r in record if r[0] == seed)]
         runs = action_runs(b, i)
         actions = [ids for a, ids in runs if a]

@@ -106,7 +106,7 @@ def test_training_and_held_out_prompts_from_the_splits_of_one_dataset(tmp_path):
                           "test": datasets.Dataset.from_list(test)}).save_to_disk(str(d))
     tr = PPOTrainer(tiny_config(tmp_path / "run", data__prompts=str(d), data__eval_prompts=str(d)),
                     verifier=count_sevens)
-    assert tr.prompt_rows == train and tr.eval_rows == test
+    assert tr.sampler.prompts.rows == train and tr.sampler.prompts.eval_rows == test
     with pytest.raises(ConfigError, match=r"has no split 'validation'; its splits: \['test', 'train'\]"):
         PPOTrainer(tiny_config(tmp_path / "run2", data__prompts=str(d), data__split="validation"))
 
@@ -115,9 +115,9 @@ def test_eval_max_prompts_evaluates_the_first_prompts_of_the_file(tmp_path):
     rows = [{"prompt": f"Solve x+{i}=9\n", "answer": str(9 - i)} for i in range(6)]
     (tmp_path / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = dict(data__eval_prompts=str(tmp_path / "held.jsonl"))
-    assert PPOTrainer(tiny_config(tmp_path / "all", **cfg), verifier=count_sevens).eval_rows == rows
+    assert PPOTrainer(tiny_config(tmp_path / "all", **cfg), verifier=count_sevens).sampler.prompts.eval_rows == rows
     tr = PPOTrainer(tiny_config(tmp_path / "few", data__eval_max_prompts=4, **cfg), verifier=count_sevens)
-    assert tr.eval_rows == rows[:4]
+    assert tr.sampler.prompts.eval_rows == rows[:4]
 
 
 def test_evaluations_are_plotted(tmp_path):

@@ -101,10 +101,10 @@ def test_the_source_plays_the_plan_and_stamps_the_weights_version(tmp_path):
     tr.train()
     assert [t.iteration for t in taken] == [1, 2] and all(t.group_size == 2 and not t.environment for t in taken)
     for k, t in enumerate(taken, 1):
-        assert [x.row for x in t.trajectories] == [r for r in tr.prompts_for(k) for _ in range(2)]
+        assert [x.row for x in t.trajectories] == [r for r in tr.plan.rows_for(k) for _ in range(2)]
         assert {x.version for x in t.trajectories} == {k - 1}  # on policy: sampled by the previous update
 
-    source = SyncSource(tr.producer, lambda k: Request(tr.prompts_for(k)), samples=1, sampling=tr.sampling,
+    source = SyncSource(tr.producer, lambda k: Request(tr.plan.rows_for(k)), samples=1, sampling=tr.sampling,
                         generator=torch.Generator().manual_seed(0))
     got = source.take(3)
     assert len(got) == 4 and got.iteration == 3 and {x.version for x in got.trajectories} == {2}
@@ -120,7 +120,7 @@ def test_episodes_carry_the_samplers_logprobs_which_can_be_logp_old(tmp_path):
         taken = tr.source.take(1)
         trajs = taken.trajectories
         assert taken.environment and any(t.turns > 1 for t in trajs)
-        seeds = tr.episode_seeds(1)
+        seeds = tr.plan.seeds_for(1)
         for i, t in enumerate(trajs):
             assert len(t.tokens) == len(t.actions) == len(t.logprobs) and len(t.rewards) == t.turns
             assert all(t.actions[e] for e in t.turn_ends) and t.seed == seeds[i // 2]

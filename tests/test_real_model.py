@@ -79,10 +79,10 @@ def test_one_ppo_iteration_on_smollm2_with_chat_prompts(tmp_path, capsys):
 
 @needs_wheel
 def test_the_default_learning_rates_keep_smollm2_near_its_reference(tmp_path, capsys):
-    """The README's instruct command with no other flag (fewer prompts, to run in minutes): the `auto`
+    """The instruct command of docs/training.md with no other flag (fewer prompts, to run in minutes): the `auto`
     rates resolve for a 135 M model (1e-6 / 1e-4, 128 tokens, cut responses ending at their score) and two iterations of 8 optimiser steps each
     leave it near its reference. The built-in model's 3e-4 took the same model to ≈ 25 nats per response
-    after one iteration (README "Defaults that depend on the model")."""
+    after one iteration (docs/training.md "Defaults that depend on the model")."""
     import json
 
     from ppo_lm.cli.main import main

@@ -23,7 +23,7 @@ TINY = ["--model.builtin-hidden-size", "32", "--rollout.num-prompts", "8", "--ro
 def test_cli_resume_reads_the_runs_own_settings(tmp_path, capsys):
     out = str(tmp_path / "run")
     assert main(["train", "--output-dir", out, "--iterations", "1", *TINY]) == 0
-    # the README's "continue up to N": no other flag repeated
+    # docs/training.md's "continue up to N": no other flag repeated
     assert main(["train", "--output-dir", out, "--iterations", "2", "--resume", "--threads", "1"]) == 0
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["iterations"] == 2 and saved["seed"] == 3

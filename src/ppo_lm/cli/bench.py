@@ -6,6 +6,10 @@ The workloads W1, W2, W3 and W4 (models, prompts, settings, FLOP count) are defi
 Everything runs through :class:`ppo_lm.trainer.ppo.PPOTrainer` and its ``train_iteration`` — the
 benchmark has no code path of its own. The models are saved to a temporary directory and loaded
 from there by the trainer exactly as a user's checkpoints would be.
+
+A figure is printed with the host's fp32 matmul peak (:mod:`ppo_lm.runtime.peak`), measured in the
+same process after the timed iterations, and the share of it the update and the iteration reached:
+hosts sold as the same CPU differ by more than 2× (docs/benchmarks.md "Hosts").
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
     tok, lm = trainer.tokenizer, trainer.policy.lm
     R = shape.response_len  # W1's sampling on either workload: exactly R tokens, EOS masked
     params = SamplingParams(max_new_tokens=R, min_new_tokens=R, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
-    rows = trainer.prompts_for(1)
+    rows = trainer.plan.rows_for(1)
     enc = tok([r["prompt"] for r in rows], return_tensors="pt", padding=True, add_special_tokens=False)
     device = next(lm.parameters()).device
     ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
@@ -242,7 +246,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
                                                         zip(timed_flops, timed)) / 1e9, 1),
         "update_gflop_per_s": round(statistics.median(f["update"] / m["update_s"] for f, m in
                                                       zip(timed_flops, timed)) / 1e9, 1),
-        **host,
+        **{k: float(f"{v:.4g}") for k, v in host.items()},  # 4 digits: a busy host's can be < 0.1
         "warmup_s": round(sum(m["iteration_s"] for m in history[:warmup]), 3),
         "build_s": round(build_s, 3),
         "compile_kernels": kernels.compiled(), "logp_from_sampler": logp_from_sampler,

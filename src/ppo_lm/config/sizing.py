@@ -14,7 +14,7 @@ run's banner prints what was resolved and why; config.yaml keeps ``"auto"``, so 
 another model resolves for that one. An ``auto`` ``optim.micro_batch_size`` is resolved once the
 prompts are read (:func:`resolve_micro_batch`): whole minibatches, except LoRA on a large model, whose
 update runs micro-batches sized from an estimate of their activations against the memory of the
-models and their state. The rules and their measurements: README "Defaults that depend on the model".
+models and their state. The rules and their measurements: docs/training.md, "Defaults that depend on the model".
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def banner(trainer) -> str:
         lines.append(f"  reference frozen copy of the policy: {parameters(trainer.ref)}")
     if trainer.critic is not None:
         lines.append(f"  critic    {type(trainer.critic.model).__name__}: {parameters(trainer.critic)}")
-    elif trainer.shared_critic:
+    elif trainer.models.shared_critic:
         lines.append("  critic    a value head on the policy's body")
     envs = trainer.producer.envs
     if envs is not None:

@@ -100,9 +100,10 @@ def decoder_shapes(rows: int, hidden: int, intermediate: int, kv_width: int) -> 
 
 def host_peak(shapes: Iterable[MatmulShape], threads: int, repeats: int = 3) -> dict[str, float]:
     """The host's fp32 peak, flat for a results table: ``peak_<backend>_gflop_per_s`` at the workload's
-    ``shapes`` and ``peak_<backend>_gflop_per_s_2048`` at the reference square product."""
+    ``shapes`` and ``peak_<backend>_gflop_per_s_2048`` at the reference square product. Unrounded: on a
+    busy host a tiny workload's figure can be a small fraction of a GFLOP/s."""
     square = MatmulShape(REFERENCE, REFERENCE, REFERENCE)
     at_shapes = measure(shapes, threads, repeats)
     at_square = measure([square], threads, repeats)
-    return {**{f"peak_{k}_gflop_per_s": round(v, 1) for k, v in at_shapes.items()},
-            **{f"peak_{k}_gflop_per_s_{REFERENCE}": round(v, 1) for k, v in at_square.items()}}
+    return {**{f"peak_{k}_gflop_per_s": v for k, v in at_shapes.items()},
+            **{f"peak_{k}_gflop_per_s_{REFERENCE}": v for k, v in at_square.items()}}

@@ -12,13 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from ..algorithms import (
-    AdaptiveKLController,
     AdvantageInputs,
     AdvantageSettings,
-    FixedKLController,
     assume_valid_masks,
     check_response_mask,
     compute_advantages,
@@ -26,31 +23,22 @@ from ..algorithms import (
     shape_rewards,
     whiten,
 )
-from ..config import sizing
 from ..config.io import dump_yaml, to_dict
 from ..config.train import TrainConfig
-from ..config.validate import effective_algo, resolve_algo
-from ..models import kernels, sharding
-from ..models.actor_critic import RewardScorer
-from ..models.hf_compat import enable_checkpointing
+from ..config.validate import effective_algo
 from ..records import console
 from ..records.metrics_log import MetricsLogger, truncate_jsonl
 from ..rollout.batch import RolloutBatch
-from ..rollout.engine import TorchEngine
-from ..rollout.producer import Producer
-from ..rollout.reward import RewardTerm
-from ..rollout.sampling import SamplingParams
-from ..rollout.scoring import RolloutModels, ScoringSettings, score_trajectories
-from ..rollout.source import Request, SyncSource
+from ..rollout.scoring import score_trajectories
 from ..rollout.trajectory import TrajectoryBatch
 from ..runtime import distributed as dist
 from ..runtime.timing import Timer
-from . import adapters, builders, credit, schedule
+from . import credit
+from .assemble import assemble
 from .diagnostics import episode_returns, rollout_metrics, throughput
-from .evaluation import HeldOut, held_out_metrics
-from .learner import build_learner
+from .evaluation import held_out_metrics
 from .preflight import preflight
-from .state import RngStreams, RunState, TrainState, load_checkpoint, save_checkpoint
+from .state import load_checkpoint, save_checkpoint
 from .update import count_nonfinite, ppo_update
 
 
@@ -78,157 +66,26 @@ class PPOTrainer:
                         verifier_given=verifier is not None, prompt_rows_given=prompt_rows is not None)
         self.resuming = pre.resuming
         # What the run's config.yaml and trackers record: the settings as given, "auto" kept, so a config
-        # reused with another estimator resolves for that one. ``cfg`` is what runs.
+        # reused with another estimator resolves for that one. ``self.cfg`` is what runs.
         self.recorded_config = to_dict(cfg)
-        self.cfg = dataclasses.replace(cfg, algo=resolve_algo(cfg.algo))
-        if self.cfg.threads:
-            torch.set_num_threads(self.cfg.threads)
-        self.device = builders.resolve_device(self.cfg.model.device)
+        parts = assemble(cfg, pre, policy=policy, tokenizer=tokenizer, verifier=verifier, prompt_rows=prompt_rows)
+        self.cfg, self.sized, self.device = parts.cfg, parts.sized, parts.device
         self.rank, self.world = dist.rank(), dist.world_size()
         self.output_dir = Path(self.cfg.output_dir)
         self.estimator = get_advantage_estimator(self.cfg.algo.estimator)
-        self.multi_turn = cfg.rollout.env is not None  # episodes of an environment (rollout.env)
+        # the parts (trainer/assemble.py), and by name what the loop reads of them
+        self.models, self.sampler, self.training = parts.models, parts.sampler, parts.training
+        self.plan, self.source, self.scoring, self.held_out = parts.plan, parts.source, parts.scoring, parts.held_out
+        m, t = parts.models, parts.training
+        self.tokenizer, self.policy, self.ref, self.critic, self.rewards = m.tokenizer, m.policy, m.ref, m.critic, m.rewards
+        self.engine, self.producer, self.sampling = parts.sampler.engine, parts.sampler.producer, parts.sampler.sampling
+        self.learner, self.kl_ctl, self.state, self.run_state = t.learner, t.kl_ctl, t.state, t.run_state
+        self.sample_gen, self.shuffle_gen = t.sample_gen, t.shuffle_gen
+        self.scoring_models = m.for_scoring()
         self.warned_no_signal = False
-
-        terms, policy_lm = self._build_models(pre, policy, tokenizer, verifier)
-        longest_prompt = self._build_prompts(pre, prompt_rows, policy_lm)
-        self._build_producer(policy_lm)
-        self._size_micro_batches(policy_lm, terms, longest_prompt)
-        self._build_training_state(terms)
-        self._build_source()
         console.say(console.banner(self))
 
-    def _build_models(self, pre, policy, tokenizer, verifier) -> tuple[list[RewardTerm], nn.Module]:
-        """The tokenizer and the four roles (docs/algorithm.md §2): policy, reward terms, critic, reference;
-        LoRA adapters and gradient checkpointing. Seeded, so every rank builds identical initial weights.
-        Returns the reward terms (their models are wrapped once the optimisers exist) and the policy's
-        language model as loaded."""
-        cfg = self.cfg
-        kernels.set_compiled(cfg.model.compile_kernels, self.device, builders.DTYPES[cfg.model.dtype])
-        torch.manual_seed(cfg.seed)
-        self.tokenizer = tokenizer if tokenizer is not None else builders.build_tokenizer(cfg.model)
-        policy_lm = policy if policy is not None else builders.build_policy(cfg, self.tokenizer)
-        # the "auto" learning rates and response limit, by the policy's size (config/sizing.py)
-        self.sized = sizing.resolve_auto(cfg, sum(p.numel() for p in policy_lm.parameters()),
-                                         getattr(policy_lm.config, "max_position_embeddings", None))
-        self.cfg = cfg = self.sized.cfg
-        self.shared_critic = self.estimator.needs_critic and cfg.model.critic == "shared"
-        self.policy = builders.build_policy_module(cfg, policy_lm,
-                                                   with_value_head=self.shared_critic).to(self.device)
-        terms = ([] if self.multi_turn  # the environment's turn rewards replace model.reward
-                 else builders.given_reward_terms(verifier, cfg.model) if verifier is not None
-                 else builders.reward_terms(cfg.model, pre.verifiers, cfg.model.dtype))
-        for term in terms:
-            if term.model is not None:
-                term.model.to(self.device)
-        # the first reward model, if any: a separate critic may start from it (model.critic_init)
-        reward_model = next((term.model for term in terms if term.model is not None), None)
-        self.gold_verifier = pre.gold_verifier
-        self.critic = None
-        if self.estimator.needs_critic and not self.shared_critic:
-            self.critic = builders.build_critic(cfg.model, policy_lm, reward_model).to(self.device)
-        if cfg.model.lora_r:  # only adapters train (docs/lora.md)
-            if self.critic is not None:
-                adapters.add_critic_adapters(cfg, self.critic, policy_lm, reward_model)
-            adapters.add_policy_adapters(cfg, self.policy)
-        self.ref = adapters.build_reference(self.policy).to(self.device)
-        if cfg.model.gradient_checkpointing:
-            enable_checkpointing(policy_lm)
-            if self.critic is not None:
-                enable_checkpointing(self.critic.model)
-        return terms, policy_lm
-
-    def _build_prompts(self, pre, prompt_rows, policy_lm: nn.Module) -> int | None:
-        """The training and held-out prompts (rendered, checked against the context) and the sampling
-        settings with every stop token; each rank takes its own shard of every iteration (prompts_for).
-        Returns the longest training prompt's tokens (None with an environment, which writes its own)."""
-        cfg = self.cfg
-        rows = list(prompt_rows) if prompt_rows is not None else pre.prompt_rows
-        found = builders.build_prompts(cfg, self.tokenizer, policy_lm, rows, pre.eval_rows,
-                                       given=prompt_rows is not None, env=self.multi_turn)
-        self.prompt_rows, self.eval_rows, self.chat_prompts = found.rows, found.eval_rows, found.chat
-        self.sampling = SamplingParams(
-            max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, stop_token_ids=found.stop_ids,
-            min_new_tokens=cfg.rollout.min_new_tokens,
-        )
-        return found.longest_prompt
-
-    def _build_producer(self, policy_lm: nn.Module) -> None:
-        """What samples (docs/architecture.md): the engine — the policy's own weights, in process — and
-        the producer of trajectories through it: single-turn responses to the prompt rows, or with
-        ``rollout.env`` the environment's episodes (its worker processes start on first use)."""
-        cfg = self.cfg
-        self.engine = TorchEngine(self.policy.lm, pad_token_id=self.tokenizer.pad_token_id, root=self.policy)
-        episodes = builders.episode_setup(cfg, self.tokenizer, policy_lm) if self.multi_turn else None
-        self.producer = Producer(self.engine, self.tokenizer, device=self.device, prompt_column=cfg.data.prompt_column,
-                                 add_special_tokens=not self.chat_prompts,
-                                 **(episodes._asdict() if episodes is not None else {}))
-
-    def _size_micro_batches(self, policy_lm: nn.Module, terms: list[RewardTerm], longest_prompt: int | None) -> None:
-        """An ``auto`` ``optim.micro_batch_size`` from the activations of the longest rows the update can
-        see (the longest prompt, or an episode's limit, plus the response limit) against the memory of
-        the models and their training state (config/sizing.py)."""
-        r, o = self.cfg.rollout, self.cfg.optim
-        self.sized = sizing.size_micro_batches(
-            self.sized, minibatch_rows=r.num_prompts // self.world * r.samples_per_prompt // o.num_minibatches,
-            tokens_per_row=(self.producer.episodes.max_episode_tokens if self.multi_turn
-                            else longest_prompt + r.max_new_tokens),
-            bodies=[policy_lm] + ([self.critic.model] if self.critic is not None else []),
-            models=[self.policy, self.critic, self.ref, *(term.model for term in terms)],
-            dtype_bytes=builders.DTYPES[self.cfg.model.dtype].itemsize)
-        self.cfg = self.sized.cfg
-
-    def _build_training_state(self, terms: list[RewardTerm]) -> None:
-        """Optimisers, schedules, KL controller, RNG streams: everything a checkpoint restores; the frozen
-        models sharded under FSDP."""
-        cfg, a = self.cfg, self.cfg.algo
-        self.kl_ctl = (
-            AdaptiveKLController(a.kl_coef, a.adaptive_kl_target, a.adaptive_kl_horizon)
-            if a.adaptive_kl_target is not None else FixedKLController(a.kl_coef)
-        )
-        self.learner = build_learner(cfg, self.policy, self.critic, self.device)
-        terms = [dataclasses.replace(term, model=RewardScorer(term.model)) if term.model is not None else term
-                 for term in terms]
-        if cfg.model.fsdp and dist.is_initialized():  # the frozen models too: each rank holds 1/world of them
-            if not self.ref.base_only:  # (a LoRA reference is the policy, sharded with it)
-                sharding.shard(self.ref, self.ref.lm, bf16=cfg.model.fsdp_bf16)
-            for term in terms:
-                if term.model is not None:
-                    sharding.shard(term.model, term.model.model, bf16=cfg.model.fsdp_bf16)
-        self.rewards = tuple(terms)
-        self.reward_model = next((term.model for term in terms if term.model is not None), None)
-        self.models = RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.rewards,
-                                    self.gold_verifier)
-        self.sample_gen = torch.Generator(device=self.device).manual_seed(schedule.sampling_seed(cfg.seed, self.rank))
-        self.shuffle_gen = torch.Generator().manual_seed(schedule.shuffle_seed(cfg.seed, self.rank))
-        self.state = TrainState()
-        self.run_state = RunState(self.learner, self.tokenizer, self.kl_ctl,
-                                  RngStreams(self.sample_gen, self.shuffle_gen), self.state)
-
-    def _build_source(self) -> None:
-        """Where each iteration's trajectories come from (sampled on demand, on policy), how the learner
-        scores them, and what held-out evaluation runs on."""
-        cfg, r = self.cfg, self.cfg.rollout
-        self.source = SyncSource(self.producer, self.request, samples=r.samples_per_prompt, sampling=self.sampling,
-                                 generator=self.sample_gen)
-        self.scoring = ScoringSettings(temperature=self.sampling.temperature or 1.0,
-                                       forward_batch_size=r.forward_batch_size,
-                                       missing_eos_penalty=r.missing_eos_penalty,
-                                       logp_from_sampler=r.logp_from_sampler, prompt_column=cfg.data.prompt_column)
-        self.held_out = None if self.eval_rows is None else HeldOut(
-            producer=self.producer, rows=self.eval_rows, sampling=self.sampling, samples=cfg.log.eval_samples,
-            pass_score=cfg.log.eval_pass_score, seed=cfg.seed, device=self.device, rank=self.rank, world=self.world,
-            rewards=self.rewards, gold_verifier=self.gold_verifier)
-
     # ------------------------------------------------------------------------------------------
-    def prompts_for(self, iteration: int) -> list[dict]:
-        """This rank's prompt rows for ``iteration`` (1-based), trainer/schedule.py."""
-        c = self.cfg
-        return [self.prompt_rows[i] for i in schedule.prompt_indices(
-            len(self.prompt_rows), iteration, per_iteration=c.rollout.num_prompts, rank=self.rank,
-            world=self.world, seed=c.seed, shuffle=c.data.shuffle)]
-
     def train_iteration(self, iteration: int) -> Iteration:
         """One PPO iteration: take its trajectories from the source, score them, :meth:`learn` from
         them, publish the new weights to the engine. Returns the iteration's metrics and the credit
@@ -238,15 +95,6 @@ class PPOTrainer:
         done = self.learn(batch, iteration, timer)
         self.engine.update_weights(iteration)  # the weights after this iteration's update
         return done
-
-    def request(self, iteration: int) -> Request:
-        """What ``iteration`` plays on this rank: its prompt rows, and with an environment a seed per row."""
-        return Request(self.prompts_for(iteration), self.episode_seeds(iteration) if self.multi_turn else None)
-
-    def episode_seeds(self, iteration: int) -> list[int]:
-        """A seed per group (prompt row) of this rank's share of ``iteration`` (trainer/schedule.py)."""
-        return schedule.episode_seeds(self.cfg.seed, iteration, per_iteration=self.cfg.rollout.num_prompts,
-                                      rank=self.rank, world=self.world)
 
     def rollout(self, iteration: int, timer: Timer | None = None) -> RolloutBatch:
         # 1. Rollout: the iteration's trajectories from the source — responses sampled with π_old, or an
@@ -260,7 +108,7 @@ class PPOTrainer:
 
     def score(self, trajectories: TrajectoryBatch) -> RolloutBatch:
         """Trajectories → the rollout batch: every model's forward over them, then the reward."""
-        return score_trajectories(self.models, self.tokenizer, trajectories, self.scoring, device=self.device,
+        return score_trajectories(self.scoring_models, self.tokenizer, trajectories, self.scoring, device=self.device,
                                   lanes=self.learner.lanes)
 
     def learn(self, batch: RolloutBatch, iteration: int, timer: Timer | None = None) -> Iteration:
@@ -389,14 +237,14 @@ class PPOTrainer:
         try:
             if logger:
                 logger.start(start)
-            if self.eval_rows is not None and start == 0:  # the policy before training, as iteration 0
+            if self.held_out is not None and start == 0:  # the policy before training, as iteration 0
                 before = self.evaluate(0)
                 if logger:
                     logger.log(0, before)
             for it in range(start + 1, cfg.iterations + 1):
                 done = self.train_iteration(it)
                 metrics = done.metrics
-                if self.eval_rows is not None and ((every and it % every == 0) or it == cfg.iterations):
+                if self.held_out is not None and ((every and it % every == 0) or it == cfg.iterations):
                     metrics.update(self.evaluate(it))
                 if eval_fn is not None and (it % eval_every == 0 or it == cfg.iterations):
                     metrics.update(eval_fn(it, self))
