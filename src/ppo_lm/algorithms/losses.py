@@ -85,11 +85,13 @@ def policy_loss(
     agg: str = "token-mean",
     denominator: float | Tensor | None = None,
     horizon: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate: −min(ρÂ, clip(ρ, 1−ε_low, 1+ε_high)Â), aggregated by ``agg``.
 
     ρ = exp(logp − logp_old). ``clip_eps_high`` enables clip-higher (DAPO/VAPO); ``dual_clip`` = c > 1
-    bounds the loss for Â < 0 at −c·Â (Ye et al. 2020).
+    bounds the loss for Â < 0 at −c·Â (Ye et al. 2020). ``weights`` (B, T): an off-policy correction's
+    per-token weight on each token's loss (:mod:`.off_policy`; data), None for 1.
 
     Args:
         logp: (B, T) log π_θ of the sampled tokens (differentiable).
@@ -122,6 +124,8 @@ def policy_loss(
     else:
         stats["dual_clip_frac"] = torch.zeros((), dtype=logp.dtype, device=logp.device)
     stats.update(_ratio_stats(log_ratio, m))
+    if weights is not None:
+        losses = losses * weights.detach()
     loss = aggregate(losses, m, agg, denominator=denominator, horizon=horizon)
     return loss, stats
 
@@ -148,6 +152,7 @@ def pg_loss(
     agg: str = "token-mean",
     denominator: float | Tensor | None = None,
     horizon: float | None = None,
+    weights: Tensor | None = None,
     **_: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Unclipped importance-weighted policy gradient −ρÂ (equals REINFORCE on the first step).
@@ -159,6 +164,8 @@ def pg_loss(
     log_ratio = (logp - logp_old.detach()).where(m, 0)
     ratio = log_ratio.exp()
     losses = -advantages.detach().where(m, 0) * ratio
+    if weights is not None:
+        losses = losses * weights.detach()
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     stats = {"clip_frac": zero, "dual_clip_frac": zero, **_ratio_stats(log_ratio, m)}
     return aggregate(losses, m, agg, denominator=denominator, horizon=horizon), stats

@@ -55,6 +55,7 @@ def ppo_objective(
     values: Tensor | None = None,
     values_old: Tensor | None = None,
     returns: Tensor | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, UpdateStats]:
     """The loss of some rows of a minibatch, summed over their loss units, and its statistics.
 
@@ -72,6 +73,8 @@ def ppo_objective(
         mask: (B, T) valid response tokens.
         logp, entropy, values: (B, T) differentiable outputs of π_θ / V_φ at the response tokens.
         logp_old, advantages, logp_ref, values_old, returns: (B, T) data (no gradient).
+        weights: (B, T) an off-policy correction's weights on the surrogate's tokens (:mod:`.off_policy`),
+            or None.
     Returns:
         ``(loss, stats)``: a 0-dim loss summed over this call's loss units, and
         :class:`~.stats.UpdateStats` whose values are this call's means (losses per unit,
@@ -85,7 +88,7 @@ def ppo_objective(
     if logp is not None:
         pl, ps = get_policy_loss(s.policy_loss)(
             logp, logp_old, advantages, mask, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
-            dual_clip=s.dual_clip, agg=s.loss_agg, **total)
+            dual_clip=s.dual_clip, agg=s.loss_agg, weights=weights, **total)
         loss = loss + pl
         stats.policy_loss = pl.detach() / units
         stats.approx_kl, stats.approx_kl_k3 = ps["approx_kl"], ps["approx_kl_k3"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..algorithms.off_policy import CorrectionName
 from ..algorithms.registry import EstimatorName
 from ..runtime.settings import setting
 from ..tasks.equations import BUILTIN_HEADS
@@ -253,6 +254,18 @@ class AlgoConfig:
     """Clip-higher: upper ratio bound 1 + clip_eps_high; None = symmetric."""
     dual_clip: float | None = setting(None, gt=1)
     """Dual-clip constant c > 1 for negative advantages; None = off."""
+    off_policy_correction: CorrectionName = "none"
+    """How the policy loss corrects for tokens the clipping policy π_prox (logp_old, the learner's scoring
+    forward) did not sample itself — the sampler π_behav's log-probabilities differ (docs/algorithm.md §1.6):
+    'none'; 'decoupled' (each token's clipped term weighted by π_prox/π_behav); 'tis' (that weight
+    truncated at `algo.is_cap`); 'token-mask' / 'sequence-mask' (tokens, or whole responses by their
+    geometric-mean ratio, outside [`algo.is_band_low`, `algo.is_band_high`] carry no gradient)."""
+    is_cap: float = setting(2.0, gt=1, finite=True)
+    """C of `algo.off_policy_correction` 'tis': importance weights above it are truncated to it."""
+    is_band_low: float = setting(0.5, gt=0, le=1)
+    """Lower end of the masks' band of importance weights (`algo.off_policy_correction` '*-mask')."""
+    is_band_high: float = setting(2.0, ge=1, finite=True)
+    """Upper end of the masks' band of importance weights (`algo.off_policy_correction` '*-mask')."""
     value_clip_eps: float | None = setting(0.2, gt=0)
     """Value clipping ε_v (docs/algorithm.md §1.4), in reward units: the loss takes the larger of (V − R̂)² and
     (clip(V, V_old ± ε_v) − R̂)²; None = unclipped."""

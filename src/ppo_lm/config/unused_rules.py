@@ -147,6 +147,29 @@ def _unclipped(c: TrainConfig, f: Facts) -> str | None:
     return "is unused: `algo.policy_loss`='pg' does not clip the ratio" if c.algo.policy_loss == "pg" else None
 
 
+def _no_correction(c: TrainConfig, f: Facts) -> str | None:
+    if c.algo.off_policy_correction == "none":
+        return "is unused: `algo.off_policy_correction` is 'none'"
+    return None
+
+
+def _not_tis(c: TrainConfig, f: Facts) -> str | None:
+    oc = c.algo.off_policy_correction
+    return None if oc == "tis" else f"is unused: `algo.off_policy_correction` is {oc!r}, not 'tis'"
+
+
+def _not_a_mask(c: TrainConfig, f: Facts) -> str | None:
+    oc = c.algo.off_policy_correction
+    return None if oc.endswith("-mask") else f"is unused: `algo.off_policy_correction` is {oc!r}, not a mask"
+
+
+def _correction_of_nothing(c: TrainConfig, f: Facts) -> str | None:
+    if c.algo.off_policy_correction != "none" and c.rollout.logp_from_sampler and not _shared_critic(c):
+        return ("has no effect: with `rollout.logp_from_sampler` logp_old is the sampler's log-probabilities, "
+                "so π_prox = π_behav and every weight is 1")
+    return None
+
+
 def _env(why: str) -> Why:
     return lambda c, f: why if c.rollout.env is not None else None
 
@@ -272,6 +295,14 @@ RULES: tuple[Rule, ...] = (
     Rule(("algo.adaptive_kl_horizon",), _fixed_beta, "leave it out, or set `algo.adaptive_kl_target`"),
     Rule(("algo.clip_eps", "algo.clip_eps_high", "algo.dual_clip"), _unclipped,
          "leave it out, or set `algo.policy_loss` to 'ppo'"),
+    # Off-policy corrections (docs/algorithm.md §1.6).
+    Rule(("algo.is_cap", "algo.is_band_low", "algo.is_band_high"), _no_correction,
+         "leave it out, or set `algo.off_policy_correction`"),
+    Rule(("algo.is_cap",), _not_tis, "leave it out, or set `algo.off_policy_correction` to 'tis'"),
+    Rule(("algo.is_band_low", "algo.is_band_high"), _not_a_mask,
+         "leave it out, or set `algo.off_policy_correction` to 'token-mask' or 'sequence-mask'"),
+    Rule(("algo.off_policy_correction",), _correction_of_nothing,
+         "leave it out ('none'), or leave out `rollout.logp_from_sampler`"),
     # An environment's rewards replace the reward; without one, its settings do nothing.
     Rule(("model.reward",), _env("is unused: `rollout.env`'s turn rewards replace it"),
          "leave it out with an environment", after_files=True, shared_by=RECIPE_ENV),

@@ -104,3 +104,4 @@ def throughput(timer: Timer, mask: Tensor, n_episodes: int, *, epochs: int) -> d
     s["episodes_per_s"] = n_episodes / max(s["iteration_s"], 1e-9)
     s["rollout_s"] = s["generate_s"] + s["score_s"]
     return s
+

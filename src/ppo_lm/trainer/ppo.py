@@ -35,6 +35,7 @@ from ..runtime import distributed as dist
 from ..runtime.timing import Timer
 from . import credit
 from .assemble import assemble
+from .correction import off_policy_correction
 from .diagnostics import episode_returns, rollout_metrics, throughput
 from .evaluation import held_out_metrics
 from .preflight import preflight
@@ -154,9 +155,13 @@ class PPOTrainer:
                 if self.estimator.whitened_by_trainer and a.whiten_advantages:
                     advantages = whiten(advantages, mask, all_reduce=dist.all_reduce_sum)
 
+                # 3b. An off-policy correction (docs/algorithm.md §1.6): per-token weights on the policy loss
+                #     for what π_behav sampled and the update clips against π_prox = π_old.
+                is_weights, off_policy = off_policy_correction(batch, mask, a)
+
             # 4. K epochs of minibatch updates on the fixed rollout.
             with timer("update_s"):
-                upd = ppo_update(self.learner, batch.with_targets(advantages, returns), cfg, self.shuffle_gen,
+                upd = ppo_update(self.learner, batch.with_targets(advantages, returns, is_weights), cfg, self.shuffle_gen,
                                  train_policy=iteration > cfg.optim.critic_warmup_iterations,
                                  kl_coef=beta if a.kl_in == "loss" else 0.0,
                                  nonfinite_in_row=self.state.nonfinite_in_row)
@@ -167,6 +172,7 @@ class PPOTrainer:
                                   samples_per_prompt=cfg.rollout.samples_per_prompt)
         if metrics["score_min"] == metrics["score_max"] and not metrics.get("steps_per_response"):
             self._warn_no_signal(metrics["score_max"])
+        metrics.update(off_policy)
         metrics.update(upd.stats.as_dict())
         metrics["lr_actor"] = upd.lr_actor
         if upd.lr_critic is not None:

@@ -129,7 +129,7 @@ def forward_backward(learner: Learner, mb: UpdateBatch, objective: ObjectiveSett
             with_values=values_from == "policy",
         )
         policy_terms = dict(logp=out["logp"], logp_old=mb.logp_old, advantages=mb.advantages, logp_ref=mb.logp_ref,
-                            entropy=out.get("entropy")) if train_policy else {}
+                            entropy=out.get("entropy"), weights=mb.is_weights) if train_policy else {}
         value_terms = dict(values=out["values"][:, :-1], values_old=mb.values_old,
                            returns=mb.returns) if values_from == "policy" else {}
         loss, stats = ppo_objective(m, objective, **policy_terms, **value_terms)
