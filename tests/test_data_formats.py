@@ -152,7 +152,7 @@ def test_a_datasets_cache_directory(tmp_path):
 
 def test_messages_reach_the_trainers_prompt_rows_from_parquet(tmp_path):
     from ppo_lm.config.train import DataConfig
-    from ppo_lm.trainer.builders import read_prompt_rows
+    from ppo_lm.trainer.inputs import read_prompt_rows
 
     datasets.Dataset.from_list(CHAT).to_parquet(str(tmp_path / "chat.parquet"))
     rows = read_prompt_rows(DataConfig(prompts=str(tmp_path / "chat.parquet")), seed=0)

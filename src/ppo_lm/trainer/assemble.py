@@ -28,7 +28,7 @@ from ..rollout.sampling import SamplingParams
 from ..rollout.scoring import RolloutModels, ScoringSettings
 from ..rollout.source import SyncSource
 from ..runtime import distributed as dist
-from . import adapters, builders, schedule
+from . import adapters, builders, inputs, schedule
 from .evaluation import HeldOut
 from .learner import Learner, build_learner
 from .plan import Plan
@@ -62,7 +62,7 @@ class Sampler:
     """What samples: the prompts (``prompts.rows`` train, ``prompts.eval_rows`` held out), the sampling
     settings, the engine and the producer of trajectories through it."""
 
-    prompts: builders.PromptSet
+    prompts: inputs.PromptSet
     sampling: SamplingParams
     engine: TorchEngine
     producer: Producer
@@ -163,13 +163,13 @@ def build_sampler(cfg: TrainConfig, pre: Preflight, models: Models, device: torc
     the environment's episodes (its worker processes start on first use)."""
     tok, env = models.tokenizer, cfg.rollout.env is not None
     rows = list(prompt_rows) if prompt_rows is not None else pre.prompt_rows
-    prompts = builders.build_prompts(cfg, tok, models.lm, rows, pre.eval_rows, given=prompt_rows is not None,
+    prompts = inputs.build_prompts(cfg, tok, models.lm, rows, pre.eval_rows, given=prompt_rows is not None,
                                      env=env)
     r = cfg.rollout
     sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_k=r.top_k,
                               top_p=r.top_p, stop_token_ids=prompts.stop_ids, min_new_tokens=r.min_new_tokens)
     engine = TorchEngine(models.policy.lm, pad_token_id=tok.pad_token_id, root=models.policy)
-    episodes = builders.episode_setup(cfg, tok, models.lm) if env else None
+    episodes = inputs.episode_setup(cfg, tok, models.lm) if env else None
     producer = Producer(engine, tok, device=device, prompt_column=cfg.data.prompt_column,
                         add_special_tokens=not prompts.chat, **(episodes._asdict() if episodes is not None else {}))
     return Sampler(prompts, sampling, engine, producer)

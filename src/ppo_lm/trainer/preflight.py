@@ -29,7 +29,7 @@ from ..rollout.environment import EnvError
 from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError
 from ..runtime.files import prepare_output_dir
-from . import builders
+from . import builders, inputs
 from .state import DamagedCheckpointError
 
 
@@ -93,14 +93,14 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     # imported even with an environment, which ignores them: a broken reward is named
     verifiers = {spec: builders.load_reward_verifier(spec) for spec, _ in specs if not is_model_path(spec)}
     gold = builders.build_gold_verifier(m)
-    rows = None if prompt_rows_given else builders.read_prompt_rows(cfg.data, seed=cfg.seed,
+    rows = None if prompt_rows_given else inputs.read_prompt_rows(cfg.data, seed=cfg.seed,
                                                                     env=cfg.rollout.env is not None)
     eval_rows = None
     if cfg.data.eval_prompts is not None:
         if m.gold_reward is None and any(is_model_path(spec) for spec, _ in specs):
             raise ConfigError("`data.eval_prompts`: evaluation scores with a verifier, but `model.reward` includes a "
                               "reward model; set `model.gold_reward` to the verifier to evaluate with")
-        eval_rows = builders.read_prompt_rows(cfg.data, seed=cfg.seed, held_out=True, env=cfg.rollout.env is not None)
+        eval_rows = inputs.read_prompt_rows(cfg.data, seed=cfg.seed, held_out=True, env=cfg.rollout.env is not None)
     _check_unused(cfg, keep, rows, eval_rows)
     return Preflight(resuming, verifiers, gold, rows, eval_rows)
 

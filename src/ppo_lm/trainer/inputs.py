@@ -1,0 +1,122 @@
+"""What a run samples from: the prompt rows (files, the built-in task), the prompts as the rollout
+encodes them with their stop tokens, and an environment's setup (its worker pool, the renderer of its
+answers, the episodes' limits)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from torch import nn
+
+from ..config.train import DataConfig, TrainConfig
+from ..data import prompts
+from ..runtime.errors import ConfigError
+from . import schedule
+from .builders import ensure_pad_token, generation_stop_ids, single_token_id
+
+if TYPE_CHECKING:  # imported where used: the environment's pool only with `rollout.env`
+    from ..rollout.env_pool import EnvPool
+    from ..rollout.environment import Renderer
+    from ..rollout.producer import EpisodeSettings
+
+
+def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False, env: bool = False) -> list[dict]:
+    """The training prompts of ``cfg`` (``held_out``: its evaluation prompts), read and checked by their
+    columns (no tokenizer needed; ``env``: rows for an environment's reset, any columns)."""
+    source, field = (cfg.eval_prompts, "data.eval_prompts") if held_out else (cfg.prompts, "data.prompts")
+    if source == "builtin:equations":
+        from ..tasks.equations import make_prompts
+
+        if cfg.prompt_column != "prompt":
+            raise ConfigError(f"`data.prompt_column`={cfg.prompt_column!r}: the built-in prompts' column is "
+                              f"'prompt' (set `{field}` to your file to use another column)")
+        rows = (make_prompts(cfg.builtin_eval_prompts, seed=schedule.builtin_held_out_seed(seed), split="heldout",
+                             unique=True) if held_out
+                else make_prompts(cfg.builtin_num_prompts, seed=seed, split="train"))
+    else:
+        from ..data.rows import load_rows
+
+        try:
+            # columns checked below: the prompt column may hold chat messages as well as text
+            rows = load_rows(source, [], name=f"prompt data (`{field}`)", split=cfg.eval_split if held_out else cfg.split)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if held_out and cfg.eval_max_prompts:
+        rows = rows[:cfg.eval_max_prompts]
+    prompts.check_prompt_rows(rows, None if env else cfg.prompt_column, source=f"`{field}`")
+    return rows
+
+
+class PromptSet(NamedTuple):
+    """The prompts a run trains and evaluates on, as the rollout encodes them."""
+
+    rows: list[dict]  # training rows, the prompt column rendered to text
+    eval_rows: list[dict] | None  # held-out rows, likewise (None: no evaluation)
+    chat: bool  # rendered by the chat template (which writes its own special tokens)
+    stop_ids: tuple[int, ...]  # EOS, the generation config's end-of-turn ids, rollout.stop_tokens
+    longest_prompt: int | None = None  # tokens of the longest training prompt (None: an environment's)
+
+
+def build_prompts(cfg: TrainConfig, tokenizer, policy_lm: nn.Module, rows: list[dict],
+                  eval_rows: list[dict] | None, *, given: bool = False, env: bool = False) -> PromptSet:
+    """Stop tokens (and a pad token that is none of them, for the tokenizer the checkpoints save:
+    :func:`ensure_pad_token`), then the prompt rows — checked when
+    ``given`` from Python (read rows were checked by the start-up checks) — and the held-out rows,
+    their chat messages rendered with the chat template, each prompt checked against the context.
+    ``env``: the rows as they are, for a multi-turn environment's reset."""
+    stop_ids = [tokenizer.eos_token_id, *generation_stop_ids(policy_lm)]
+    for s in cfg.rollout.stop_tokens:
+        stop_ids.append(single_token_id(tokenizer, s, "rollout.stop_tokens"))
+    stop_ids = list(dict.fromkeys(stop_ids))
+    ensure_pad_token(tokenizer, stop_ids)
+
+    d = cfg.data
+    if given:
+        prompts.check_prompt_rows(rows, None if env else d.prompt_column, source="`prompt_rows`")
+    if env:  # the rows go to the environment's reset as they are; it writes the prompts
+        return PromptSet(rows, eval_rows, False, tuple(stop_ids))
+    rows, chat = prompts.render_prompts(rows, d.prompt_column, d.chat_template, tokenizer)
+    context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
+    fits = dict(max_prompt_tokens=context - cfg.rollout.max_new_tokens, add_special_tokens=not chat)
+    longest = prompts.check_prompt_lengths(rows, d.prompt_column, tokenizer, **fits)
+    if eval_rows is not None:
+        eval_rows, eval_chat = prompts.render_prompts(eval_rows, d.prompt_column, d.chat_template, tokenizer)
+        if eval_chat != chat:
+            raise ConfigError("`data.eval_prompts` and `data.prompts` hold different kinds of prompts (plain text "
+                              "and chat messages); use one kind")
+        prompts.check_prompt_lengths(eval_rows, d.prompt_column, tokenizer, **fits)
+    return PromptSet(rows, eval_rows, chat, tuple(stop_ids), longest)
+
+
+class EpisodeSetup(NamedTuple):
+    envs: EnvPool
+    renderer: Renderer
+    episodes: EpisodeSettings
+
+
+def episode_setup(cfg: TrainConfig, tokenizer, policy_lm: nn.Module) -> EpisodeSetup:
+    """With ``rollout.env``: the pool of worker processes the environment runs in (started on first use),
+    the renderer of its answers (the chat template of ``data.chat_template``) and the episodes' limits
+    (``max_episode_tokens`` 0 = the policy's context)."""
+    from ..rollout.env_pool import EnvPool
+    from ..rollout.environment import Renderer
+    from ..rollout.producer import EpisodeSettings
+
+    r, d = cfg.rollout, cfg.data
+    context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
+    settings = EpisodeSettings(r.max_turns, min(r.max_episode_tokens or context, context))
+    template = Path(d.chat_template).read_text() if d.chat_template not in ("auto", "none") else None
+    pool = EnvPool(r.env, workers=env_workers(r.env_workers), timeout_s=r.env_timeout_s)
+    return EpisodeSetup(pool, Renderer(tokenizer, template, chat=d.chat_template != "none"), settings)
+
+
+def env_workers(setting: int | str) -> int:
+    """``rollout.env_workers``; auto: this process's share of the host's cores (``LOCAL_WORLD_SIZE``
+    processes under torchrun), at most 4 — what an environment that computes can use. One that waits
+    (a service, a sandbox) gains from more: docs/benchmarks.md, "Environments that wait"."""
+    if setting != "auto":
+        return int(setting)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(4, (os.cpu_count() or 1) // local))
