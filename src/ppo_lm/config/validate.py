@@ -120,7 +120,24 @@ def validate_config(cfg: TrainConfig, world_size: int = 1, *, keep: Mapping[str,
     _check_builtin(cfg)
     _check_estimator(cfg)
     _check_batch_division(cfg, world_size)
+    _check_async(cfg)
     check_unused(cfg, Facts(torchrun=True if world_size > 1 else None), keep)
+
+
+def _check_async(cfg: TrainConfig) -> None:
+    k = cfg.rollout.max_staleness
+    if not k:
+        return
+    if cfg.algo.off_policy_correction == "none":
+        raise ConfigError(f"`rollout.max_staleness`={k} samples with weights up to {k} updates old: choose how the "
+                          "policy loss corrects for that with `algo.off_policy_correction` (decoupled, tis, "
+                          "token-mask or sequence-mask; docs/algorithm.md §1.6), or set `rollout.max_staleness` 0")
+    if cfg.rollout.logp_from_sampler:
+        raise ConfigError(f"`rollout.logp_from_sampler` with `rollout.max_staleness`={k}: logp_old must be the "
+                          "learner's own (the policy the update clips against); leave `rollout.logp_from_sampler` out")
+    if cfg.model.fsdp:
+        raise ConfigError(f"`rollout.max_staleness`={k} with `model.fsdp`: the producer keeps a whole copy of the "
+                          "policy, which a sharded run does not hold; use DDP, or set `rollout.max_staleness` 0")
 
 
 def resolve_algo(a: AlgoConfig) -> AlgoConfig:

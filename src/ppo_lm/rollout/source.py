@@ -33,6 +33,18 @@ class TrajectorySource(Protocol):
         """The trajectories the learner trains on in ``iteration`` (1-based)."""
         ...
 
+    def start(self, at: int, pending: list[TrajectoryBatch] = ()) -> None:
+        """Begin after iteration ``at``, with the batches a checkpoint kept."""
+        ...
+
+    def publish(self, version: int) -> None:
+        """The learner's weights after iteration ``version``."""
+        ...
+
+    def pending(self) -> list[TrajectoryBatch]:
+        """The batches sampled and not yet taken (what a checkpoint keeps)."""
+        ...
+
     def close(self) -> None:
         """Stop whatever it runs (worker processes, threads); it starts them again if taken from."""
         ...
@@ -52,6 +64,16 @@ class SyncSource:
         trajectories = self.producer.produce(request.rows, samples=self.samples, sampling=self.sampling,
                                              generator=self.generator, seeds=request.seeds)
         return TrajectoryBatch(trajectories, self.samples, self.producer.environment, iteration)
+
+    def start(self, at: int, pending: list[TrajectoryBatch] = ()) -> None:
+        if pending:
+            raise ValueError("a synchronous source keeps no batches between iterations")
+
+    def publish(self, version: int) -> None:
+        pass  # it samples with the engine, which the learner updates itself
+
+    def pending(self) -> list[TrajectoryBatch]:
+        return []
 
     def close(self) -> None:
         if self.producer.envs is not None:

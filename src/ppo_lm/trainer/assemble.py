@@ -8,6 +8,7 @@ the run holds only the last: :attr:`Parts.cfg`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from ..config.validate import resolve_algo
 from ..models import kernels, sharding
 from ..models.actor_critic import CriticModel, PolicyModel, RewardScorer
 from ..models.hf_compat import enable_checkpointing
+from ..rollout.async_source import AsyncSource
 from ..rollout.engine import TorchEngine
 from ..rollout.producer import Producer
 from ..rollout.reward import RewardTerm, Verifier
@@ -89,7 +91,7 @@ class Parts:
     sampler: Sampler
     training: Training
     plan: Plan
-    source: SyncSource
+    source: SyncSource | AsyncSource
     scoring: ScoringSettings
     held_out: HeldOut | None
 
@@ -111,8 +113,8 @@ def assemble(cfg: TrainConfig, pre: Preflight, *, policy=None, tokenizer=None, v
     models = shard_frozen(cfg, models)
     plan = Plan(sampler.prompts.rows, cfg.rollout.num_prompts, seed=cfg.seed, rank=dist.rank(),
                 world=dist.world_size(), shuffle=cfg.data.shuffle, env=cfg.rollout.env is not None)
-    source = SyncSource(sampler.producer, plan, samples=cfg.rollout.samples_per_prompt, sampling=sampler.sampling,
-                        generator=training.sample_gen)
+    source = build_source(cfg, models, sampler, training, plan, device)
+    training.run_state.pending = source.pending
     return Parts(cfg, sized, device, models, sampler, training, plan, source, scoring_settings(cfg, sampler),
                  held_out(cfg, models, sampler, device))
 
@@ -216,6 +218,28 @@ def shard_frozen(cfg: TrainConfig, models: Models) -> Models:
             if term.model is not None:
                 sharding.shard(term.model, term.model.model, bf16=cfg.model.fsdp_bf16)
     return dataclasses.replace(models, rewards=rewards)
+
+
+def build_source(cfg: TrainConfig, models: Models, sampler: Sampler, training: Training, plan: Plan,
+                 device: torch.device) -> SyncSource | AsyncSource:
+    """Where each iteration's trajectories come from: sampled when the learner asks (``rollout.max_staleness``
+    0), or ahead of it by a producer thread with its own copy of the policy and, with an environment,
+    its own pool of workers (docs/async.md)."""
+    r = cfg.rollout
+    if not r.max_staleness:
+        return SyncSource(sampler.producer, plan, samples=r.samples_per_prompt, sampling=sampler.sampling,
+                          generator=training.sample_gen)
+    tok = models.tokenizer
+    weights = copy.deepcopy(models.policy.lm).eval().requires_grad_(False)
+    engine = TorchEngine(weights, pad_token_id=tok.pad_token_id)
+    episodes = inputs.episode_setup(cfg, tok, models.lm) if r.env is not None else None
+    producer = Producer(engine, tok, device=device, prompt_column=cfg.data.prompt_column,
+                        add_special_tokens=not sampler.prompts.chat,
+                        **(episodes._asdict() if episodes is not None else {}))
+    rank = dist.rank()
+    return AsyncSource(producer, plan, samples=r.samples_per_prompt, sampling=sampler.sampling,
+                       max_staleness=r.max_staleness, seed_for=lambda j: schedule.producer_sampling_seed(cfg.seed, rank, j),
+                       weights=weights, learner_lm=models.policy.lm, last=cfg.iterations, device=device)
 
 
 def scoring_settings(cfg: TrainConfig, sampler: Sampler) -> ScoringSettings:

@@ -95,6 +95,7 @@ class PPOTrainer:
         batch = self.rollout(iteration, timer)
         done = self.learn(batch, iteration, timer)
         self.engine.update_weights(iteration)  # the weights after this iteration's update
+        self.source.publish(iteration)
         return done
 
     def rollout(self, iteration: int, timer: Timer | None = None) -> RolloutBatch:
@@ -173,6 +174,9 @@ class PPOTrainer:
         if metrics["score_min"] == metrics["score_max"] and not metrics.get("steps_per_response"):
             self._warn_no_signal(metrics["score_max"])
         metrics.update(off_policy)
+        if cfg.rollout.max_staleness and batch.versions is not None:  # how old the sampling weights were
+            lag = (iteration - 1 - batch.versions).double()
+            metrics.update(staleness_mean=float(lag.mean()), staleness_max=float(lag.max()), **self.source.waited)
         metrics.update(upd.stats.as_dict())
         metrics["lr_actor"] = upd.lr_actor
         if upd.lr_critic is not None:
@@ -243,6 +247,7 @@ class PPOTrainer:
         try:
             if logger:
                 logger.start(start)
+            self.source.start(start, self.run_state.restored)  # an asynchronous one: its producer thread
             if self.held_out is not None and start == 0:  # the policy before training, as iteration 0
                 before = self.evaluate(0)
                 if logger:

@@ -88,6 +88,12 @@ def sampling_seed(seed: int, rank: int) -> int:
     return seed * 1000 + rank + 1
 
 
+def producer_sampling_seed(seed: int, rank: int, iteration: int) -> int:
+    """An asynchronous producer's sampling generator for ``iteration`` on ``rank``: one per iteration,
+    so what it samples does not depend on when it samples (rollout/async_source.py)."""
+    return (_offset(seed) << 32) | (iteration * 4096 + rank) % 2**32  # distinct below 2²⁰ iterations, 4096 ranks
+
+
 def shuffle_seed(seed: int, rank: int) -> int:
     """The minibatch-shuffling generator on ``rank`` (checkpointed)."""
     return seed * 1000 + rank + 500

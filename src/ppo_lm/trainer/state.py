@@ -9,7 +9,8 @@ import random
 import re
 import shutil
 import warnings
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from ..algorithms import AdaptiveKLController, FixedKLController
 from ..models import lora, sharding
 from ..models.hf_compat import scalar_head
 from ..records import checkpoint as ckpt
+from ..rollout.trajectory import Trajectory, TrajectoryBatch
 from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError, UserError
 from .learner import Learner
@@ -68,6 +70,10 @@ class RunState:
     kl_ctl: FixedKLController | AdaptiveKLController
     rngs: RngStreams
     progress: TrainState
+    pending: Callable[[], list[TrajectoryBatch]] = list
+    """The source's batches sampled ahead and not yet taken (an asynchronous source's; docs/async.md)."""
+    restored: list[TrajectoryBatch] = field(default_factory=list)
+    """This rank's pending batches as the loaded checkpoint kept them."""
 
 
 def _prefixed(sd: dict, prefix: str) -> dict:
@@ -87,6 +93,7 @@ def save_checkpoint(run: RunState, output_dir: Path, iteration: int, keep_last: 
     u = run.learner
     policy, critic = u.policy, u.critic
     rng_per_rank = dist.all_gather_object(run.rngs.state())
+    pending_per_rank = dist.all_gather_object([asdict(b) for b in run.pending()])
     fsdp = sharding.is_sharded(policy)
     if fsdp:  # collectives: every rank takes part
         policy_full = sharding.full_state(policy)
@@ -129,6 +136,7 @@ def save_checkpoint(run: RunState, output_dir: Path, iteration: int, keep_last: 
                     "critic_sched": u.critic_sched.state_dict() if u.critic_sched else None,
                     "kl_ctl": run.kl_ctl.state_dict(),
                     "rng": rng_per_rank,
+                    "pending": pending_per_rank,
                     "lora_base": _lora_bases(policy.lm, _prefixed(policy_full, "lm."),
                                              critic.model if critic else None, _prefixed(critic_full, "model.")),
                 }, fh)
@@ -365,7 +373,12 @@ def _apply(run: RunState, st: dict, full: dict, critic_full: dict) -> None:
         u.critic_sched.load_state_dict(st["critic_sched"])
     run.kl_ctl.load_state_dict(st["kl_ctl"])
     run.rngs.load(st["rng"][dist.rank()])
+    run.restored = [_batch(b) for b in st.get("pending", [[]] * dist.world_size())[dist.rank()]]
     run.progress.__dict__.update(st["state"])
+
+
+def _batch(d: dict) -> TrajectoryBatch:
+    return TrajectoryBatch(**{**d, "trajectories": [Trajectory(**t) for t in d["trajectories"]]})
 
 
 def _check_keys(model: torch.nn.Module, sd: dict, name: str) -> None:

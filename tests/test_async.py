@@ -1,0 +1,88 @@
+"""Asynchronous PPO (rollout/async_source.py, docs/async.md): iteration j is sampled with the weights
+of iteration j − 1 − k exactly, however the producer thread and the learner are timed; a resumed run
+equals the uninterrupted one (the checkpoint keeps the batches sampled ahead); a producer's error
+stops the run where the learner takes the batch; settings that cannot work are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from trainer_helpers import count_sevens, tiny_config
+
+from ppo_lm.records.checkpoint import list_checkpoints
+from ppo_lm.runtime.errors import ConfigError
+from ppo_lm.trainer.ppo import PPOTrainer
+
+KW = dict(rollout__max_staleness=2, algo__off_policy_correction="tis", rollout__num_prompts=8,
+          rollout__max_new_tokens=6, optim__critic_warmup_iterations=0, log__save_every=1)
+
+
+def _metrics(out) -> list[dict]:
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.endswith(("_s", "_per_s"))} for r in rows]
+
+
+def test_each_iteration_samples_with_the_weights_k_updates_old(tmp_path):
+    tr = PPOTrainer(tiny_config(tmp_path, iterations=5, **KW), verifier=count_sevens)
+    taken = []
+    score = tr.score
+    tr.score = lambda trajectories: taken.append(trajectories) or score(trajectories)
+    history = tr.train()
+    assert [t.iteration for t in taken] == [1, 2, 3, 4, 5]
+    assert [{x.version for x in t.trajectories} for t in taken] == [{0}, {0}, {0}, {1}, {2}]
+    assert [m["staleness_max"] for m in history] == [0, 1, 2, 2, 2]
+    assert history[-1]["is_weight_max"] != 1  # the weights moved: the sampler's and the learner's differ
+    assert all(m["learner_wait_s"] >= 0 and m["producer_wait_s"] >= 0 for m in history)
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
+    whole = PPOTrainer(tiny_config(tmp_path / "whole", iterations=4, **KW), verifier=count_sevens)
+    whole.train()
+    PPOTrainer(tiny_config(tmp_path / "cut", iterations=2, **KW), verifier=count_sevens).train()
+    saved = torch.load(list_checkpoints(tmp_path / "cut")[-1][1] / "trainer_state.pt", weights_only=False)
+    assert [b["iteration"] for b in saved["pending"][0]] == [3, 4]  # sampled ahead, with versions 0 and 1
+    assert [{t["version"] for t in b["trajectories"]} for b in saved["pending"][0]] == [{0}, {1}]
+    resumed = PPOTrainer(tiny_config(tmp_path / "cut", iterations=4, resume=True, **KW), verifier=count_sevens)
+    resumed.train()
+    assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
+    for a, b in zip(whole.policy.state_dict().values(), resumed.policy.state_dict().values()):
+        assert torch.equal(a, b)
+    assert list_checkpoints(tmp_path / "cut")[-1][0] == 4
+
+
+def test_a_producer_error_stops_the_run_where_the_learner_takes(tmp_path):
+    tr = PPOTrainer(tiny_config(tmp_path, iterations=3, **KW), verifier=count_sevens)
+    produce = tr.source.producer.produce
+    calls = []
+
+    def failing(rows, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the sandbox went away")
+        return produce(rows, **kw)
+
+    tr.source.producer.produce = failing
+    with pytest.raises(RuntimeError, match="the sandbox went away"):
+        tr.train()
+    assert not tr.source._thread  # closed: no thread left behind
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"algo__off_policy_correction": "none"}, "choose how the policy loss corrects"),
+    ({"rollout__logp_from_sampler": True, "algo__off_policy_correction": "tis"}, "logp_old must be the learner's"),
+    ({"model__fsdp": True}, "a sharded run does not hold"),
+])
+def test_settings_that_cannot_work_are_refused(tmp_path, extra, match):
+    with pytest.raises(ConfigError, match=match):
+        PPOTrainer(tiny_config(tmp_path, **{**KW, **extra}), verifier=count_sevens)
+
+
+def test_an_environments_episodes_are_sampled_ahead_too(tmp_path):
+    cfg = tiny_config(tmp_path, iterations=3, rollout__env="builtin:equations_retry", rollout__max_turns=2,
+                      rollout__samples_per_prompt=2, **KW)
+    tr = PPOTrainer(cfg)
+    assert tr.source.producer.envs is not tr.producer.envs  # the producer's own workers
+    history = tr.train()
+    assert [m["staleness_max"] for m in history] == [0, 1, 2] and all(m["turns_mean"] >= 1 for m in history)
