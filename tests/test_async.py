@@ -37,10 +37,22 @@ def test_each_iteration_samples_with_the_weights_k_updates_old(tmp_path):
     assert all(m["learner_wait_s"] >= 0 and m["producer_wait_s"] >= 0 for m in history)
 
 
-def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
+def test_a_run_resumed_after_a_crash_equals_the_uninterrupted_one(tmp_path, monkeypatch):
+    import ppo_lm.trainer.ppo as ppo
+
     whole = PPOTrainer(tiny_config(tmp_path / "whole", iterations=4, **KW), verifier=count_sevens)
     whole.train()
-    PPOTrainer(tiny_config(tmp_path / "cut", iterations=2, **KW), verifier=count_sevens).train()
+    save = ppo.save_checkpoint
+
+    def crash_after_two(run, out, iteration, keep):
+        save(run, out, iteration, keep)
+        if iteration == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ppo, "save_checkpoint", crash_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        PPOTrainer(tiny_config(tmp_path / "cut", iterations=4, **KW), verifier=count_sevens).train()
+    monkeypatch.setattr(ppo, "save_checkpoint", save)
     saved = torch.load(list_checkpoints(tmp_path / "cut")[-1][1] / "trainer_state.pt", weights_only=False)
     assert [b["iteration"] for b in saved["pending"][0]] == [3, 4]  # sampled ahead, with versions 0 and 1
     assert [{t["version"] for t in b["trajectories"]} for b in saved["pending"][0]] == [{0}, {1}]
@@ -49,7 +61,13 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
     assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
     for a, b in zip(whole.policy.state_dict().values(), resumed.policy.state_dict().values()):
         assert torch.equal(a, b)
-    assert list_checkpoints(tmp_path / "cut")[-1][0] == 4
+
+
+def test_a_finished_run_continued_samples_its_first_new_iterations_with_its_last_weights(tmp_path):
+    PPOTrainer(tiny_config(tmp_path, iterations=2, **KW), verifier=count_sevens).train()
+    more = PPOTrainer(tiny_config(tmp_path, iterations=5, resume=True, **KW), verifier=count_sevens)
+    history = more.train()
+    assert [m["staleness_max"] for m in history] == [0, 1, 2]  # all three sampled with version 2, the checkpoint's
 
 
 def test_a_producer_error_stops_the_run_where_the_learner_takes(tmp_path):

@@ -8,8 +8,9 @@ the producer has finished every iteration that samples with v − 1 (those up to
 batches wait for the learner, the producer paces itself (it never drops a batch), an episode never
 spans a publish, and a seeded run samples the same trajectories however the two threads are timed:
 each iteration's sampling generator is seeded by the iteration (``seed_for``), and a checkpoint
-keeps the batches already sampled (:meth:`AsyncSource.pending`), so a resumed run takes exactly what
-the uninterrupted one would have.
+keeps the batches already sampled (:meth:`AsyncSource.pending`), so a run resumed after a crash takes
+exactly what the uninterrupted one would have. The producer stops at the run's last iteration: a
+finished run continued to more iterations samples its first k new ones with its last weights.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ class ProducerError(RuntimeError):
 class AsyncSource:
     """``producer`` samples with ``weights`` (a copy of the learner's language model ``learner_lm``,
     the one the producer's engine decodes with); ``plan(j)`` says what iteration j plays;
-    ``seed_for(j)`` seeds its sampling generator (on ``device``); ``last``: the run's last iteration (the
-    producer samples k past it, the batches its last checkpoint keeps for a run that goes on)."""
+    ``seed_for(j)`` seeds its sampling generator (on ``device``); ``last``: the run's last iteration."""
 
     def __init__(self, producer: Producer, plan: Callable[[int], Request], *, samples: int, sampling: SamplingParams,
                  max_staleness: int, seed_for: Callable[[int], int], weights: nn.Module, learner_lm: nn.Module,
@@ -44,7 +44,7 @@ class AsyncSource:
             raise ValueError("an asynchronous source needs max_staleness ≥ 1 (0 is the synchronous source)")
         self.producer, self.plan, self.samples, self.sampling = producer, plan, samples, sampling
         self.k, self.seed_for, self.weights, self.learner_lm = max_staleness, seed_for, weights, learner_lm
-        self.last, self.device = last + max_staleness, device
+        self.last, self.device = last, device
         self._floor = 0  # the version it started with: no iteration samples with older weights
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -84,7 +84,9 @@ class AsyncSource:
         if self._thread is None:
             return
         with self._cv:
-            _wait(self._cv, lambda: self._done_through >= min(version + self.k, self.last) or self._error is not None)
+            waited = _wait(self._cv, lambda: self._done_through >= min(version + self.k, self.last)
+                           or self._error is not None)
+            self.waited["learner_wait_s"] += waited
             self._raise()
             self._copy_weights()
             self._published = version
