@@ -16,6 +16,7 @@ finished run continued to more iterations samples its first k new ones with its 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -149,8 +150,6 @@ class AsyncSource:
 
 def _wait(cv: threading.Condition, ready: Callable[[], bool]) -> float:
     """Wait on ``cv`` (held) until ``ready()``; returns the seconds waited."""
-    import time
-
     t0 = time.perf_counter()
     while not ready():
         cv.wait(timeout=1.0)
