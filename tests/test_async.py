@@ -88,7 +88,7 @@ def test_a_producer_error_stops_the_run_where_the_learner_takes(tmp_path):
 
 
 @pytest.mark.parametrize("extra, match", [
-    ({"algo__off_policy_correction": "none"}, "choose how the policy loss corrects"),
+    ({"algo__off_policy_correction": None}, "choose how the policy loss corrects"),
     ({"rollout__logp_from_sampler": True, "algo__off_policy_correction": "tis"}, "logp_old must be the learner's"),
     ({"model__fsdp": True}, "a sharded run does not hold"),
 ])

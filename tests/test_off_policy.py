@@ -124,3 +124,20 @@ def test_a_correction_with_the_samplers_logp_is_refused(tmp_path):
     cfg = tiny_config(tmp_path, algo__off_policy_correction="tis", rollout__logp_from_sampler=True)
     with pytest.raises(ConfigError, match="every weight is 1"):
         PPOTrainer(cfg, verifier=count_sevens)
+
+
+def test_none_chosen_leaves_every_weight_at_one_and_says_what_the_lag_did():
+    for seed in range(10):
+        prox, behav, mask = _batch(seed)
+        c, stats = off_policy_weights(prox, behav, mask, "none")
+        _, decoupled = off_policy_weights(prox, behav, mask, "decoupled")
+        assert torch.equal(c, mask.to(c.dtype))
+        assert {k: float(v) for k, v in stats.items()} == {k: float(v) for k, v in decoupled.items()}
+
+
+def test_a_stale_run_with_none_chosen_logs_the_ratios_it_does_not_correct(tmp_path):
+    cfg = tiny_config(tmp_path, iterations=3, rollout__max_staleness=1, algo__off_policy_correction="none",
+                      rollout__num_prompts=8, rollout__max_new_tokens=6, optim__critic_warmup_iterations=0)
+    history = PPOTrainer(cfg, verifier=count_sevens).train()
+    assert history[-1]["staleness_max"] == 1 and history[-1]["is_weight_max"] != 1
+    assert all(m["off_policy_cut_frac"] == 0 for m in history)

@@ -82,13 +82,19 @@ def _sequence_mask(log_w: Tensor, m: Tensor, s: CorrectionSettings) -> Tensor:
     return keep.to(log_w.dtype).unsqueeze(1).expand_as(log_w)
 
 
+def _none(log_w: Tensor, m: Tensor, s: CorrectionSettings) -> Tensor:
+    """No correction: every weight 1 (its statistics still say what the sampler's lag did)."""
+    return torch.ones_like(log_w)
+
+
 CorrectionName = Literal[("none", *OFF_POLICY_CORRECTIONS)]  # type: ignore[valid-type]
 """``algo.off_policy_correction``: 'none' or a registered correction (the registry is the one list)."""
 
 
 def off_policy_weights(logp_prox: Tensor, logp_behav: Tensor, mask: Tensor, name: str,
                        settings: CorrectionSettings = CorrectionSettings()) -> tuple[Tensor, dict[str, Tensor]]:
-    """The correction ``name``'s per-token weights c (B, T) (0 off the mask; detached) and statistics.
+    """The correction ``name``'s per-token weights c (B, T) (0 off the mask; detached) and statistics
+    ('none': weights 1, for its statistics).
 
     Args:
         logp_prox: (B, T) log π_prox of the sampled tokens (the learner's, at taking the batch).
@@ -102,7 +108,7 @@ def off_policy_weights(logp_prox: Tensor, logp_behav: Tensor, mask: Tensor, name
     check_same_shape("logp_prox", logp_prox, logp_behav=logp_behav, mask=mask)
     m = check_mask(mask, right_padded=False)
     try:
-        fn = OFF_POLICY_CORRECTIONS[name]
+        fn = _none if name == "none" else OFF_POLICY_CORRECTIONS[name]
     except KeyError:
         raise ValueError(f"unknown off-policy correction {name!r}; choose one of "
                          f"{sorted(OFF_POLICY_CORRECTIONS)}") from None
@@ -115,7 +121,7 @@ def off_policy_weights(logp_prox: Tensor, logp_behav: Tensor, mask: Tensor, name
     n = m.sum().clamp_min(1)
     if name == "tis":
         changed = (w > settings.cap) & m
-    elif name == "decoupled":
+    elif name in ("none", "decoupled"):
         changed = torch.zeros_like(m)
     else:  # the masks
         changed = (c == 0) & m

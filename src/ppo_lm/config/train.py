@@ -259,10 +259,11 @@ class AlgoConfig:
     """Clip-higher: upper ratio bound 1 + clip_eps_high; None = symmetric."""
     dual_clip: float | None = setting(None, gt=1)
     """Dual-clip constant c > 1 for negative advantages; None = off."""
-    off_policy_correction: CorrectionName = "none"
+    off_policy_correction: CorrectionName | None = None
     """How the policy loss corrects for tokens the clipping policy π_prox (logp_old, the learner's scoring
     forward) did not sample itself — the sampler π_behav's log-probabilities differ (docs/algorithm.md §1.6):
-    'none'; 'decoupled' (each token's clipped term weighted by π_prox/π_behav); 'tis' (that weight
+    None (not chosen: no correction, and `rollout.max_staleness` ≥ 1 refuses to start); 'none' (chosen:
+    no correction, its statistics still logged); 'decoupled' (each token's clipped term weighted by π_prox/π_behav); 'tis' (that weight
     truncated at `algo.is_cap`); 'token-mask' / 'sequence-mask' (tokens, or whole responses by their
     geometric-mean ratio, outside [`algo.is_band_low`, `algo.is_band_high`] carry no gradient)."""
     is_cap: float = setting(2.0, gt=1, finite=True)

@@ -148,8 +148,8 @@ def _unclipped(c: TrainConfig, f: Facts) -> str | None:
 
 
 def _no_correction(c: TrainConfig, f: Facts) -> str | None:
-    if c.algo.off_policy_correction == "none":
-        return "is unused: `algo.off_policy_correction` is 'none'"
+    if c.algo.off_policy_correction in (None, "none"):
+        return "is unused: no `algo.off_policy_correction`"
     return None
 
 
@@ -160,11 +160,11 @@ def _not_tis(c: TrainConfig, f: Facts) -> str | None:
 
 def _not_a_mask(c: TrainConfig, f: Facts) -> str | None:
     oc = c.algo.off_policy_correction
-    return None if oc.endswith("-mask") else f"is unused: `algo.off_policy_correction` is {oc!r}, not a mask"
+    return None if (oc or "").endswith("-mask") else f"is unused: `algo.off_policy_correction` is {oc!r}, not a mask"
 
 
 def _correction_of_nothing(c: TrainConfig, f: Facts) -> str | None:
-    if c.algo.off_policy_correction != "none" and c.rollout.logp_from_sampler and not _shared_critic(c):
+    if c.algo.off_policy_correction not in (None, "none") and c.rollout.logp_from_sampler and not _shared_critic(c):
         return ("has no effect: with `rollout.logp_from_sampler` logp_old is the sampler's log-probabilities, "
                 "so π_prox = π_behav and every weight is 1")
     return None
@@ -302,7 +302,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("algo.is_band_low", "algo.is_band_high"), _not_a_mask,
          "leave it out, or set `algo.off_policy_correction` to 'token-mask' or 'sequence-mask'"),
     Rule(("algo.off_policy_correction",), _correction_of_nothing,
-         "leave it out ('none'), or leave out `rollout.logp_from_sampler`"),
+         "leave it out, or leave out `rollout.logp_from_sampler`"),
     # An environment's rewards replace the reward; without one, its settings do nothing.
     Rule(("model.reward",), _env("is unused: `rollout.env`'s turn rewards replace it"),
          "leave it out with an environment", after_files=True, shared_by=RECIPE_ENV),

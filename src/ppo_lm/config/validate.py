@@ -128,10 +128,11 @@ def _check_async(cfg: TrainConfig) -> None:
     k = cfg.rollout.max_staleness
     if not k:
         return
-    if cfg.algo.off_policy_correction == "none":
+    if cfg.algo.off_policy_correction is None:
         raise ConfigError(f"`rollout.max_staleness`={k} samples with weights up to {k} updates old: choose how the "
                           "policy loss corrects for that with `algo.off_policy_correction` (decoupled, tis, "
-                          "token-mask or sequence-mask; docs/algorithm.md §1.6), or set `rollout.max_staleness` 0")
+                          "token-mask or sequence-mask; docs/algorithm.md §1.6; 'none' to leave it uncorrected), "
+                          "or set `rollout.max_staleness` 0")
     if cfg.rollout.logp_from_sampler:
         raise ConfigError(f"`rollout.logp_from_sampler` with `rollout.max_staleness`={k}: logp_old must be the "
                           "learner's own (the policy the update clips against); leave `rollout.logp_from_sampler` out")

@@ -12,9 +12,10 @@ from ..runtime import distributed as dist
 
 
 def off_policy_correction(batch: RolloutBatch, mask: Tensor, a: AlgoConfig) -> tuple[Tensor | None, dict[str, float]]:
-    """``algo.off_policy_correction``'s weights (B, T) on the policy loss (None for 'none') and its
-    statistics, global over ranks (means of the ranks' means; the largest weight of any rank)."""
-    if a.off_policy_correction == "none":
+    """``algo.off_policy_correction``'s weights (B, T) on the policy loss (None for none) and its
+    statistics, global over ranks (means of the ranks' means; the largest weight of any rank); 'none'
+    chosen explicitly logs the statistics of weights it leaves at 1 (what the staleness did)."""
+    if a.off_policy_correction is None:
         return None, {}
     if batch.logp_behaviour is None:
         raise ValueError("an off-policy correction needs the sampler's log-probabilities (`logp_behaviour`)")
@@ -23,4 +24,4 @@ def off_policy_correction(batch: RolloutBatch, mask: Tensor, a: AlgoConfig) -> t
     world = dist.world_size()
     out = {k: float(dist.all_reduce_sum(v.double())) / world for k, v in stats.items() if k != "is_weight_max"}
     out["is_weight_max"] = float(dist.all_reduce_max(stats["is_weight_max"]))
-    return weights, out
+    return (None if a.off_policy_correction == "none" else weights), out
