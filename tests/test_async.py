@@ -5,7 +5,15 @@ stops the run where the learner takes the batch; settings that cannot work are r
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,21 +78,93 @@ def test_a_finished_run_continued_samples_its_first_new_iterations_with_its_last
     assert [m["staleness_max"] for m in history] == [0, 1, 2]  # all three sampled with version 2, the checkpoint's
 
 
-def test_a_producer_error_stops_the_run_where_the_learner_takes(tmp_path):
-    tr = PPOTrainer(tiny_config(tmp_path, iterations=3, **KW), verifier=count_sevens)
-    produce = tr.source.producer.produce
-    calls = []
+class FailsAt:
+    """A plan whose iteration ``at`` fails in the producer's process: ``kill`` it there by SIGKILL (as
+    the system's out-of-memory killer would), else raise."""
 
-    def failing(rows, **kw):
-        calls.append(1)
-        if len(calls) == 2:
+    def __init__(self, plan, at: int, kill: bool = False):
+        self.plan, self.at, self.kill = plan, at, kill
+
+    def __call__(self, iteration: int):
+        if iteration == self.at:
+            if self.kill:
+                os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError("the sandbox went away")
-        return produce(rows, **kw)
+        return self.plan(iteration)
 
-    tr.source.producer.produce = failing
-    with pytest.raises(RuntimeError, match="the sandbox went away"):
+
+def _producers() -> list[int]:
+    """Live producer processes started by this one."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            stat = (proc / "stat").read_text()
+            if proc.name.isdigit() and "producer_process" in (proc / "cmdline").read_text(errors="replace") \
+                    and stat.rsplit(")", 1)[1].split()[:2][1] == str(os.getpid()) and " Z " not in stat:
+                found.append(int(proc.name))
+    return found
+
+
+def test_a_producer_error_stops_the_run_where_the_learner_takes(tmp_path):
+    from ppo_lm.rollout.async_source import ProducerError
+
+    tr = PPOTrainer(tiny_config(tmp_path, iterations=3, **KW), verifier=count_sevens)
+    tr.source.plan = FailsAt(tr.source.plan, 2)
+    with pytest.raises(ProducerError, match="RuntimeError: the sandbox went away") as caught:
         tr.train()
-    assert not tr.source._thread  # closed: no thread left behind
+    assert "test_async.py" in str(caught.value.__cause__)  # the producer's own traceback, to the raise
+    assert tr.source._proc is None and not _producers()  # closed: no process left behind
+
+
+def test_a_killed_producer_stops_the_run_in_one_line_with_its_checkpoints_intact(tmp_path):
+    from ppo_lm.runtime.errors import UserError
+
+    tr = PPOTrainer(tiny_config(tmp_path, iterations=5, **KW), verifier=count_sevens)
+    tr.source.plan = FailsAt(tr.source.plan, 4, kill=True)
+    with pytest.raises(UserError, match=r"producer's process ended \(signal SIGKILL\)"):
+        tr.train()
+    assert not _producers()
+    assert [i for i, _ in list_checkpoints(tmp_path)] == [1]  # iteration 2 waited on batch 4 to save
+    PPOTrainer(tiny_config(tmp_path, iterations=5, resume=True, **KW), verifier=count_sevens).train()
+    assert [json.loads(x)["iteration"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+def test_the_producer_does_not_outlive_a_killed_learner(tmp_path):
+    script = tmp_path / "learner.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from trainer_helpers import count_sevens, tiny_config
+        from ppo_lm.trainer.ppo import PPOTrainer
+        tr = PPOTrainer(tiny_config({str(tmp_path / "run")!r}, iterations=3, **{KW!r}), verifier=count_sevens)
+        tr.source.start(0)
+        print("producer", tr.source._proc.pid, flush=True)
+        time.sleep(600)
+    """))
+    learner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    producer = int(next(line for line in learner.stdout if line.startswith("producer ")).split()[1])
+    assert _alive(producer)
+    learner.kill()
+    learner.wait()
+    deadline = time.monotonic() + 20
+    while _alive(producer) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(producer)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+
+
+def test_lora_publishes_the_adapters_only(tmp_path):
+    tr = PPOTrainer(tiny_config(tmp_path, iterations=3, model__lora_r=4, **KW), verifier=count_sevens)
+    history = tr.train()
+    names = tr.source.layout.names
+    assert names and all("lora_" in n for n in names)
+    assert [m["staleness_max"] for m in history] == [0, 1, 2] and history[-1]["is_weight_max"] != 1
 
 
 @pytest.mark.parametrize("extra, match", [

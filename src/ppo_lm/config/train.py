@@ -176,10 +176,13 @@ class RolloutConfig:
     update's ratio is 1 only to ≈ 1e-6. An environment's episodes too: the sampler's log-probabilities
     of their action tokens. Ignored with a shared critic (its values need the forward)."""
     max_staleness: int = setting(0, ge=0)
-    """Asynchronous PPO (docs/async.md): k ≥ 1 samples iteration j in a producer thread with the weights
+    """Asynchronous PPO (docs/async.md): k ≥ 1 samples iteration j in a producer process with the weights
     of iteration j − 1 − k while the learner trains, at most k batches ahead (the producer waits; no
     batch is dropped). Needs `algo.off_policy_correction`. 0 = sample each iteration with the current
     weights (synchronous)."""
+    producer_threads: int | Literal["auto"] = setting("auto", ge=1)
+    """With `max_staleness` ≥ 1: torch's CPU threads in the producer's process (the learner keeps
+    `threads`). auto: half the learner's, at least 1 (docs/async.md, "The thread split")."""
     env: str | None = None
     """A multi-turn environment, 'path/to/env.py:Class' or 'module:Class' (docs/environments.md): each
     episode is an instance, reset with a prompt row and a seed, stepped with each turn's text; its turn

@@ -174,6 +174,10 @@ def _env(why: str) -> Why:
     return lambda c, f: why if c.rollout.env is not None else None
 
 
+def _synchronous(c: TrainConfig, f: Facts) -> str | None:
+    return "is unused: `rollout.max_staleness` is 0 (no producer process)" if not c.rollout.max_staleness else None
+
+
 def _no_env(c: TrainConfig, f: Facts) -> str | None:
     return None if c.rollout.env is not None else "is unused: `rollout.env` is not set (single-turn responses)"
 
@@ -295,7 +299,8 @@ RULES: tuple[Rule, ...] = (
     Rule(("algo.adaptive_kl_horizon",), _fixed_beta, "leave it out, or set `algo.adaptive_kl_target`"),
     Rule(("algo.clip_eps", "algo.clip_eps_high", "algo.dual_clip"), _unclipped,
          "leave it out, or set `algo.policy_loss` to 'ppo'"),
-    # Off-policy corrections (docs/algorithm.md §1.6).
+    # Off-policy corrections (docs/algorithm.md §1.6) and the asynchronous producer (docs/async.md).
+    Rule(("rollout.producer_threads",), _synchronous, "leave it out, or set `rollout.max_staleness` ≥ 1"),
     Rule(("algo.is_cap", "algo.is_band_low", "algo.is_band_high"), _no_correction,
          "leave it out, or set `algo.off_policy_correction`"),
     Rule(("algo.is_cap",), _not_tis, "leave it out, or set `algo.off_policy_correction` to 'tis'"),

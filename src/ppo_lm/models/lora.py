@@ -104,7 +104,7 @@ def add_adapters(model: nn.Module, settings: LoraSettings, *, seed: int = 0, nam
         torch.manual_seed(seed)
         wrapped = get_peft_model(model, config)
     model.__dict__[_PEFT] = wrapped
-    model.__dict__[_SWITCHES] = {"off": [0], "dropout": [0], "lock": threading.Lock()}
+    model.__dict__[_SWITCHES] = _Switches()
     model.__dict__[_DROPOUTS] = [m for name, m in model.named_modules()
                                  if ".lora_dropout." in name and isinstance(m, nn.Dropout) and m.p > 0]
     # the dropout stays on through a checkpointed update's backward, whose recomputation must drop as
@@ -114,6 +114,17 @@ def add_adapters(model: nn.Module, settings: LoraSettings, *, seed: int = 0, nam
     # adapters' dropout acts only in forwards that record gradients (:func:`train_dropout`)
     model.eval()
     return model
+
+
+class _Switches(dict):
+    """Counts of the nested entries that turn the adapters off and their dropout on, and their lock. A
+    copy (``copy.deepcopy``, pickling to an asynchronous producer's process) starts afresh: no entry open."""
+
+    def __init__(self):
+        super().__init__(off=[0], dropout=[0], lock=threading.Lock())
+
+    def __reduce__(self):
+        return _Switches, ()
 
 
 def peft_model(model: nn.Module):

@@ -1,156 +1,210 @@
 """A source that samples ahead of the learner (``rollout.max_staleness`` k ≥ 1; docs/async.md).
 
-A producer thread samples iteration j with its own copy of the policy's weights at version
-s(j) = max(0, j − 1 − k) — the learner's weights after iteration j − 1 − k — while the learner trains
-on the iterations before j. The schedule is exact, not "the newest weights at the time": the producer
-waits for version s(j) to be published before it samples j, and a publish of version v waits until
-the producer has finished every iteration that samples with v − 1 (those up to v + k). So at most k
-batches wait for the learner, the producer paces itself (it never drops a batch), an episode never
-spans a publish, and a seeded run samples the same trajectories however the two threads are timed:
-each iteration's sampling generator is seeded by the iteration (``seed_for``), and a checkpoint
-keeps the batches already sampled (:meth:`AsyncSource.pending`), so a run resumed after a crash takes
-exactly what the uninterrupted one would have. The producer stops at the run's last iteration: a
-finished run continued to more iterations samples its first k new ones with its last weights.
+A producer in a process of its own (:mod:`ppo_lm.rollout.producer_process`), with its own copy of the
+policy's language model, samples iteration j with the weights of version s(j) = max(0, j − 1 − k) —
+the learner's after iteration j − 1 − k — while the learner trains on the iterations before j. The
+schedule is exact, not "the newest weights at the time": the producer waits for version s(j) before
+it samples j, so at most k batches wait for the learner, the producer paces itself (it never drops a
+batch), an episode never spans a publish, and a seeded run samples the same trajectories however the
+two processes are timed — each iteration's sampling generator is seeded by the iteration
+(``seed_for``). The weights go through a :class:`~ppo_lm.rollout.weight_box.WeightBox` (the trainable
+parameters only: LoRA's adapters alone); a publish writes the box once the producer has copied the
+previous version out of it. A checkpoint keeps the batches already sampled (:meth:`AsyncSource.pending`),
+so a run resumed after a crash takes exactly what the uninterrupted one would have. The producer stops
+at the run's last iteration: a finished run continued to more iterations samples its first k new ones
+with its last weights.
 """
 
 from __future__ import annotations
 
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 
 import torch
 from torch import nn
 
 from ..runtime.errors import UserError
+from .env_pool import PACKAGE_ROOT
 from .producer import Producer
+from .producer_process import BOOT, ProducerSpec
 from .sampling import SamplingParams
 from .source import Request
 from .trajectory import TrajectoryBatch
+from .weight_box import WeightBox
 
 
 class ProducerError(RuntimeError):
-    """The producer thread stopped on an error; the learner raises it where it takes a batch."""
+    """The producer's process stopped on an error or ended; the learner raises it where it waits on it."""
+
+
+class ProducerDied(UserError):
+    """The producer's process ended from outside (a signal: killed, out of memory) or exited early."""
+
+
+class _RemoteTraceback(Exception):
+    """The producer's own traceback, shown as the cause of the :class:`ProducerError`."""
 
 
 class AsyncSource:
-    """``producer`` samples with ``weights`` (a copy of the learner's language model ``learner_lm``,
-    the one the producer's engine decodes with); ``plan(j)`` says what iteration j plays;
-    ``seed_for(j)`` seeds its sampling generator (on ``device``); ``last``: the run's last iteration."""
+    """``producer`` samples with its own copy of ``learner_lm`` (the learner's language model, whose
+    trainable parameters each publish hands over); ``plan(j)`` says what iteration j plays; ``seed_for(j)``
+    seeds its sampling generator (on ``device``); ``last``: the run's last iteration; ``threads``: torch's
+    CPU threads in the producer's process (0: torch's default)."""
 
     def __init__(self, producer: Producer, plan: Callable[[int], Request], *, samples: int, sampling: SamplingParams,
-                 max_staleness: int, seed_for: Callable[[int], int], weights: nn.Module, learner_lm: nn.Module,
-                 last: int, device: torch.device | str = "cpu"):
+                 max_staleness: int, seed_for: Callable[[int], int], learner_lm: nn.Module, last: int,
+                 device: torch.device | str = "cpu", threads: int = 0):
         if max_staleness < 1:
             raise ValueError("an asynchronous source needs max_staleness ≥ 1 (0 is the synchronous source)")
         self.producer, self.plan, self.samples, self.sampling = producer, plan, samples, sampling
-        self.k, self.seed_for, self.weights, self.learner_lm = max_staleness, seed_for, weights, learner_lm
-        self.last, self.device = last, device
-        self._floor = 0  # the version it started with: no iteration samples with older weights
+        self.k, self.seed_for, self.learner_lm = max_staleness, seed_for, learner_lm
+        self.last, self.device, self.threads = last, str(device), threads
         self._cv = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._ready: dict[int, TrajectoryBatch] = {}
-        self._published = 0  # the version the copy holds
-        self._done_through = 0  # the last iteration sampled
-        self._error: BaseException | None = None
-        self._stop = False
+        self._proc: subprocess.Popen | None = None
         self.waited = {"learner_wait_s": 0.0, "producer_wait_s": 0.0}
 
     # -- the learner's side -------------------------------------------------------------------
     def start(self, at: int, pending: list[TrajectoryBatch] = ()) -> None:
-        """Begin after iteration ``at`` (0: a new run; a resumed one: its checkpoint's), the copy holding
-        the learner's weights of version ``at``, with the batches a checkpoint kept (``pending``)."""
-        if self._thread is not None:
+        """Begin after iteration ``at`` (0: a new run; a resumed one: its checkpoint's), the producer
+        holding the learner's weights of version ``at``, with the batches a checkpoint kept (``pending``)."""
+        if self._proc is not None:
             return
-        self._copy_weights()
-        self._published = self._floor = at
-        self.producer.engine.update_weights(at)
         self._ready = {b.iteration: b for b in pending}
-        self._done_through = max([at, *self._ready])
-        self._thread = threading.Thread(target=self._run, name="ppo-lm producer", daemon=True)
-        self._thread.start()
+        self._published = self._floor = at
+        self._took, self._error, self._finished = at - 1, None, False
+        first = max([at, *self._ready]) + 1
+        trainable = [(n, p) for n, p in self.learner_lm.named_parameters() if p.requires_grad]
+        self._params = [p for _, p in trainable]
+        self._box = WeightBox.create(trainable)
+        self.layout = self._box.layout
+        try:
+            spec = ProducerSpec(self.producer, self.plan, self.samples, self.sampling, self.k, at, first, self.last,
+                                self.seed_for, self.device, self.threads, self._box.path, self._box.layout)
+            blob = pickle.dumps(spec)
+            self._spawn()
+            self._conn.send(([p for p in sys.path if p], blob))
+            self._wait(lambda: self._started, "learner_wait_s")
+        finally:
+            self._box.unlink()  # mapped on both sides by now (or never to be): nothing left on disk
 
     def take(self, iteration: int) -> TrajectoryBatch:
-        if self._thread is None:
+        if self._proc is None:
             self.start(iteration - 1)
+        self._wait(lambda: iteration in self._ready, "learner_wait_s")
         with self._cv:
-            waited = _wait(self._cv, lambda: iteration in self._ready or self._error is not None)
-            self.waited["learner_wait_s"] += waited
-            self._raise()
             return self._ready.pop(iteration)
 
     def publish(self, version: int) -> None:
-        """The learner's weights after iteration ``version``: copied once the producer is done with every
-        iteration that samples with ``version − 1``."""
-        if self._thread is None:
+        """The learner's weights after iteration ``version``, written into the box once the producer has
+        copied the previous version out of it; nothing to write where no iteration left samples with it."""
+        if self._proc is None:
             return
-        with self._cv:
-            waited = _wait(self._cv, lambda: self._done_through >= min(version + self.k, self.last)
-                           or self._error is not None)
-            self.waited["learner_wait_s"] += waited
-            self._raise()
-            self._copy_weights()
-            self._published = version
-            self.producer.engine.update_weights(version)
-            self._cv.notify_all()
+        self._published = version
+        if version > max(self._floor, self.last - 1 - self.k):
+            return
+        self._wait(lambda: self._took >= version - 1, "learner_wait_s")
+        self._box.write(self._params)
+        try:
+            self._conn.send(("weights", version))
+        except OSError:  # the producer is gone: the receiver says how
+            self._wait(lambda: False, "learner_wait_s")
 
     def pending(self) -> list[TrajectoryBatch]:
-        """The batches sampled and not yet taken, in order (what a checkpoint keeps)."""
+        """The batches sampled ahead and not yet taken, in order — every one sampled with weights older
+        than the last published (waited for: what a checkpoint must keep to resume exactly)."""
+        if self._proc is None:
+            return []
+        ahead = range(self._published + 1, min(self._published + self.k, self.last) + 1)
+        self._wait(lambda: all(j in self._ready for j in ahead), "learner_wait_s")
         with self._cv:
             return [self._ready[j] for j in sorted(self._ready)]
 
     def close(self) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self.producer.envs is not None:
-            self.producer.envs.close()
-
-    # -- the producer's side ------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            j = self._done_through + 1
-            while j <= self.last:
-                need = max(self._floor, j - 1 - self.k)
-                with self._cv:
-                    waited = _wait(self._cv, lambda need=need: self._published == need or self._stop)
-                    self.waited["producer_wait_s"] += waited
-                    if self._stop:
-                        return
-                request = self.plan(j)
-                generator = torch.Generator(device=self.device).manual_seed(self.seed_for(j))
-                trajectories = self.producer.produce(request.rows, samples=self.samples, sampling=self.sampling,
-                                                     generator=generator, seeds=request.seeds)
-                with self._cv:
-                    self._ready[j] = TrajectoryBatch(trajectories, self.samples, self.producer.environment, j)
-                    self._done_through = j
-                    self._cv.notify_all()
-                j += 1
-        except BaseException as e:  # noqa: BLE001 (handed to the learner, which raises it)
-            with self._cv:
-                self._error = e
-                self._cv.notify_all()
-
-    def _copy_weights(self) -> None:
-        with torch.no_grad():
-            for dst, src in zip(self.weights.state_dict().values(), self.learner_lm.state_dict().values()):
-                dst.copy_(src)
-
-    def _raise(self) -> None:
-        if self._error is None:
+        """End the producer's process (its environment's workers go with it); started again if taken from."""
+        if self._proc is None:
             return
-        e = self._error
-        if isinstance(e, UserError):  # a user's environment or tool: its own one-line error
-            raise e
-        raise ProducerError(f"the producer stopped: {type(e).__name__}: {e}") from e
+        os.close(self._death)  # the producer's watchdog ends it at once
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._receiver.join()
+        self._conn.close()
+        self._proc = None
+
+    # -- the producer's process ---------------------------------------------------------------
+    def _spawn(self) -> None:
+        ours, theirs = socket.socketpair()
+        death_read, self._death = os.pipe()  # only this process holds the write end
+        self._started = False
+        self._proc = subprocess.Popen(
+            [sys.executable, "-u", "-c", BOOT, str(theirs.fileno()), str(death_read), PACKAGE_ROOT],
+            pass_fds=(theirs.fileno(), death_read), start_new_session=True)  # a terminal's Ctrl-C: the learner's
+        theirs.close()
+        os.close(death_read)
+        self._conn = Connection(ours.detach())
+        self._receiver = threading.Thread(target=self._receive, name="ppo-lm producer receiver", daemon=True)
+        self._receiver.start()
+
+    def _receive(self) -> None:
+        """What the producer sends, as it comes (so its sends never wait on the learner)."""
+        try:
+            while True:
+                message = self._conn.recv()
+                with self._cv:
+                    self._note(message)
+                    self._cv.notify_all()
+        except (EOFError, OSError):
+            pass
+        code = self._proc.wait()
+        with self._cv:
+            if self._error is None and not self._finished:
+                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                self._error = ProducerDied(f"the producer's process ended ({how}) before the run's last iteration — "
+                                           "killed, or out of memory; the checkpoints so far are intact: continue "
+                                           "with `--resume`")
+            self._finished = True
+            self._cv.notify_all()
+
+    def _note(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "ready":
+            self._started = True
+        elif kind == "took":
+            self._took = message[1]
+        elif kind == "batch":
+            self._ready[message[1].iteration] = message[1]
+            self.waited["producer_wait_s"] += message[2]
+        elif kind == "done":
+            self._finished = True
+        elif kind == "error":
+            self._error = _rebuilt(message[1])
+
+    def _wait(self, ready: Callable[[], bool], counter: str) -> None:
+        t0 = time.perf_counter()
+        with self._cv:
+            while not ready():
+                if self._error is not None:
+                    raise self._error
+                if self._finished:
+                    raise ProducerError("the producer ended without what the learner waits for")
+                self._cv.wait(timeout=1.0)
+        self.waited[counter] += time.perf_counter() - t0
 
 
-def _wait(cv: threading.Condition, ready: Callable[[], bool]) -> float:
-    """Wait on ``cv`` (held) until ``ready()``; returns the seconds waited."""
-    t0 = time.perf_counter()
-    while not ready():
-        cv.wait(timeout=1.0)
-    return time.perf_counter() - t0
+def _rebuilt(payload) -> BaseException:
+    if isinstance(payload, UserError):  # a user's environment or tool: its own one-line error
+        return payload
+    name, message, tb = payload
+    error = ProducerError(f"the producer stopped: {name}: {message}")
+    error.__cause__ = _RemoteTraceback(tb)
+    return error

@@ -12,6 +12,7 @@ over) and starts fresh ones if it is used again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -86,6 +87,11 @@ class EnvPool:
         self._next_eid = 0
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _stop, self._workers)
+
+    def __reduce__(self):
+        """A copy elsewhere (an asynchronous producer's process) is a pool of the same settings, not
+        started: its workers are its own."""
+        return functools.partial(EnvPool, self.spec, workers=self.size, timeout_s=self.timeout_s), ()
 
     # ------------------------------------------------------------------------------------------ API
     def start(self, rows: list[dict], seeds: list[int], samples: int) -> list[Started]:

@@ -8,8 +8,8 @@ the run holds only the last: :attr:`Parts.cfg`.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -223,23 +223,30 @@ def shard_frozen(cfg: TrainConfig, models: Models) -> Models:
 def build_source(cfg: TrainConfig, models: Models, sampler: Sampler, training: Training, plan: Plan,
                  device: torch.device) -> SyncSource | AsyncSource:
     """Where each iteration's trajectories come from: sampled when the learner asks (``rollout.max_staleness``
-    0), or ahead of it by a producer thread with its own copy of the policy and, with an environment,
+    0), or ahead of it by a producer process with its own copy of the policy and, with an environment,
     its own pool of workers (docs/async.md)."""
     r = cfg.rollout
     if not r.max_staleness:
         return SyncSource(sampler.producer, plan, samples=r.samples_per_prompt, sampling=sampler.sampling,
                           generator=training.sample_gen)
     tok = models.tokenizer
-    weights = copy.deepcopy(models.policy.lm).eval().requires_grad_(False)
-    engine = TorchEngine(weights, pad_token_id=tok.pad_token_id)
+    # the producer's engine decodes with a copy of the learner's model, made where it is unpickled
+    engine = TorchEngine(models.policy.lm, pad_token_id=tok.pad_token_id)
     episodes = inputs.episode_setup(cfg, tok, models.lm) if r.env is not None else None
     producer = Producer(engine, tok, device=device, prompt_column=cfg.data.prompt_column,
                         add_special_tokens=not sampler.prompts.chat,
                         **(episodes._asdict() if episodes is not None else {}))
-    rank = dist.rank()
     return AsyncSource(producer, plan, samples=r.samples_per_prompt, sampling=sampler.sampling,
-                       max_staleness=r.max_staleness, seed_for=lambda j: schedule.producer_sampling_seed(cfg.seed, rank, j),
-                       weights=weights, learner_lm=models.policy.lm, last=cfg.iterations, device=device)
+                       max_staleness=r.max_staleness, learner_lm=models.policy.lm, last=cfg.iterations,
+                       seed_for=functools.partial(schedule.producer_sampling_seed, cfg.seed, dist.rank()),
+                       device=device, threads=producer_threads(cfg))
+
+
+def producer_threads(cfg: TrainConfig) -> int:
+    """``rollout.producer_threads``; auto: half the learner's torch threads, at least 1."""
+    if cfg.rollout.producer_threads != "auto":
+        return int(cfg.rollout.producer_threads)
+    return max(1, (cfg.threads or torch.get_num_threads()) // 2)
 
 
 def scoring_settings(cfg: TrainConfig, sampler: Sampler) -> ScoringSettings:

@@ -1,0 +1,133 @@
+"""The process an asynchronous producer samples in (docs/async.md): started by
+:class:`~ppo_lm.rollout.async_source.AsyncSource` (:data:`BOOT`), told what to sample over the socket
+``FD`` (a pickled :class:`ProducerSpec`: its own copy of the policy's language model, its engine, the
+plan of the iterations, with an environment the settings of its own pool of workers), and then on its
+own: iteration after iteration it copies the weights the iteration needs out of the shared
+:class:`~ppo_lm.rollout.weight_box.WeightBox` — waiting for the learner to publish them — samples
+the iteration's trajectories and sends them. It ends when the learner closes the pipe ``DEATH_FD``
+or dies (even by SIGKILL), taking its environment's workers with it.
+
+Messages it sends: ``("ready",)``, ``("took", version)``, ``("batch", TrajectoryBatch, seconds it
+waited for those weights)``, ``("done",)`` after the last iteration, ``("error", exception or
+(type name, message, traceback))``. It receives ``("weights", version)`` once the learner has
+written that version into the box.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import torch
+
+from ..runtime.errors import UserError
+from .producer import Producer
+from .sampling import SamplingParams
+from .source import Request
+from .trajectory import TrajectoryBatch
+from .weight_box import BoxLayout, WeightBox
+
+
+@dataclass
+class ProducerSpec:
+    """What the producer's process samples: iterations ``first`` … ``last`` of ``plan``, iteration j with
+    the weights of version max(``floor``, j − 1 − ``k``), its generator seeded by ``seed_for(j)`` on
+    ``device``; ``threads``: torch's CPU threads there."""
+
+    producer: Producer
+    plan: Callable[[int], Request]
+    samples: int
+    sampling: SamplingParams
+    k: int
+    floor: int
+    first: int
+    last: int
+    seed_for: Callable[[int], int]
+    device: str
+    threads: int
+    box_path: str
+    layout: BoxLayout
+
+
+def run(spec: ProducerSpec, conn: Connection) -> None:
+    """Sample every iteration of ``spec`` in order and send each batch; the learner paces the weights."""
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    box = WeightBox.attach(spec.box_path, spec.layout)
+    producer = spec.producer
+    lm = producer.engine.lm.eval().requires_grad_(False)
+    params = dict(lm.named_parameters())
+    targets = [params[n] for n in spec.layout.names]
+    conn.send(("ready",))
+    in_box, held = spec.floor, None  # the version the learner last wrote; the one the model holds
+    for j in range(spec.first, spec.last + 1):
+        need = max(spec.floor, j - 1 - spec.k)
+        t0 = time.perf_counter()
+        if held != need:
+            while in_box < need:
+                kind, in_box = conn.recv()
+            box.read_into(targets)
+            held = need
+            producer.engine.update_weights(need)
+            conn.send(("took", need))
+        waited = time.perf_counter() - t0
+        request = spec.plan(j)
+        generator = torch.Generator(device=spec.device).manual_seed(spec.seed_for(j))
+        trajectories = producer.produce(request.rows, samples=spec.samples, sampling=spec.sampling,
+                                        generator=generator, seeds=request.seeds)
+        conn.send(("batch", TrajectoryBatch(trajectories, spec.samples, producer.environment, j), waited))
+    conn.send(("done",))
+
+
+def _report(conn: Connection, e: BaseException) -> None:
+    """The error to the learner: a user's error as itself (its one line), anything else by name,
+    message and traceback."""
+    payload: object = (type(e).__name__, str(e), traceback.format_exc())
+    if isinstance(e, UserError):
+        with contextlib.suppress(Exception):
+            pickle.loads(pickle.dumps(e))
+            payload = e
+    with contextlib.suppress(OSError):
+        conn.send(("error", payload))
+
+
+def _exit_with_the_learner(death: int) -> None:
+    """End this process (and so its environment's workers, whose pipes it holds) at EOF on ``death``:
+    the learner closed the source, or ended however it ended."""
+    def watch():
+        while os.read(death, 1):
+            pass
+        os._exit(0)
+
+    threading.Thread(target=watch, name="ppo-lm producer watchdog", daemon=True).start()
+
+
+def main(argv: list[str]) -> None:
+    fd, death = int(argv[1]), int(argv[2])
+    _exit_with_the_learner(death)
+    conn = Connection(fd)
+    paths, blob = conn.recv()
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+    try:
+        run(pickle.loads(blob), conn)
+    except BaseException as e:  # noqa: BLE001 (handed to the learner, which raises it)
+        _report(conn, e)
+    with contextlib.suppress(EOFError, OSError):
+        while True:  # the learner ends this process (closing ``death``)
+            conn.recv()
+    os._exit(0)
+
+
+BOOT = ("import sys; sys.path[:1] = []; root = sys.argv.pop(); "
+        "root in sys.path or sys.path.insert(0, root); "
+        "from ppo_lm.rollout.producer_process import main; main(sys.argv)")
+"""The producer's command line (``python -u -c BOOT FD DEATH_FD PACKAGE_ROOT``), as an environment
+worker's (:data:`ppo_lm.rollout.env_worker.BOOT`): ppo_lm imported from where the learner imported it."""
