@@ -184,3 +184,52 @@ def test_an_environments_episodes_are_sampled_ahead_too(tmp_path):
     assert tr.source.producer.envs is not tr.producer.envs  # the producer's own workers
     history = tr.train()
     assert [m["staleness_max"] for m in history] == [0, 1, 2] and all(m["turns_mean"] >= 1 for m in history)
+
+
+def test_the_weight_box_hands_every_dtype_and_shape_over_to_another_process(tmp_path):
+    from ppo_lm.rollout.weight_box import WeightBox
+
+    g = torch.Generator().manual_seed(0)
+    params = [("a", torch.randn(3, 5, generator=g)), ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
+              ("c", torch.randn(2, 2, 2, generator=g).double()), ("d", torch.randn((), generator=g))]
+    box = WeightBox.create(params)
+    out = tmp_path / "read.pt"
+    code = textwrap.dedent(f"""
+        import pickle, sys, torch
+        from ppo_lm.rollout.weight_box import WeightBox
+        layout = pickle.loads(bytes.fromhex(sys.argv[1]))
+        box = WeightBox.attach({box.path!r}, layout)
+        torch.save([v.clone() for v in box.views], {str(out)!r})
+    """)
+    import pickle
+
+    subprocess.run([sys.executable, "-c", code, pickle.dumps(box.layout).hex()], check=True)
+    box.unlink()
+    assert not Path(box.path).exists()
+    for (_, want), got in zip(params, torch.load(out)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    later = [p.clone() * 2 for _, p in params]
+    box.write(later)  # still mapped here after the unlink
+    mine = [torch.zeros_like(p) for p in later]
+    box.read_into(mine)
+    assert all(torch.equal(a, b) for a, b in zip(mine, later))
+
+
+def test_an_environments_error_in_the_producer_is_its_own_line(tmp_path, capsys):
+    from ppo_lm.cli.main import main
+
+    env = tmp_path / "bad_env.py"
+    env.write_text(textwrap.dedent("""
+        class Bad:
+            def reset(self, row, seed):
+                return row["prompt"]
+
+            def step(self, text):
+                raise ValueError("the sandbox is gone")
+    """))
+    code = main(["train", "--iterations", "2", "--log.no-tensorboard", "--rollout.num-prompts", "4",
+                 "--rollout.env", f"{env}:Bad", "--rollout.env-workers", "1", "--rollout.max-staleness", "1",
+                 "--algo.off-policy-correction", "tis", "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "raised ValueError: the sandbox is gone" in err and "Traceback" not in err, err
+    assert not _producers()

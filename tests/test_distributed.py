@@ -153,3 +153,25 @@ def test_episodes_of_an_environment_under_torchrun_resume_as_uninterrupted(tmp_p
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rows = _metric_rows(tmp_path / "full")
     assert rows == _metric_rows(tmp_path / "part") and all(1 <= r["turns_mean"] <= 3 for r in rows)
+
+
+@pytest.mark.slow
+def test_asynchronous_ranks_each_with_a_producer_resume_as_uninterrupted(tmp_path):
+    """`rollout.max_staleness` 1 under two ranks: each rank's producer process samples its share ahead
+    with its rank's seeds; a run that crashes in iteration 3 (each rank's checkpoint of iteration 2
+    keeping its batch sampled ahead, with version 1) and is resumed logs what the uninterrupted run logs."""
+    def args(out, *more):
+        a = _train_args(out, 4, "--rollout.max-staleness", "1", "--algo.off-policy-correction", "tis", *more)
+        a[a.index("--model.reward") + 1] = "flaky_reward:sevens_crash_at"
+        return a
+
+    full = _torchrun(args(tmp_path / "full"), timeout=300)
+    assert full.returncode == 0, full.stderr[-3000:]
+    part = _torchrun(args(tmp_path / "part"), timeout=300, env_extra={"CRASH_AT": "3"})
+    assert part.returncode != 0 and "injected failure at call 3" in part.stderr
+    assert latest_checkpoint(tmp_path / "part")[0] == 2
+    resumed = _torchrun(args(tmp_path / "part", "--resume"), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = _metric_rows(tmp_path / "full")
+    assert [r["staleness_max"] for r in rows] == [0, 1, 1, 1]
+    assert rows == _metric_rows(tmp_path / "part")

@@ -79,6 +79,11 @@ def banner(trainer) -> str:
         weight = f" × {term.weight:g}" if len(trainer.rewards) > 1 else ""
         what = f"model: {parameters(term.model)}" if term.model is not None else "verifier"
         lines.append(f"  reward    {term.name}{weight} ({what})")
+    if r.max_staleness:
+        threads = trainer.source.threads  # an AsyncSource wherever max_staleness ≥ 1
+        lines.append(f"  async     a producer process samples up to {r.max_staleness} update"
+                     f"{'s' if r.max_staleness > 1 else ''} behind the learner ({threads} torch thread"
+                     f"{'s' if threads != 1 else ''}) · correction {a.off_policy_correction} (docs/async.md)")
     if trainer.sized.values:
         values = " · ".join(f"{k} {_short(v)}" for k, v in trainer.sized.values.items())
         lines.append(f"  auto      {values} ({trainer.sized.reason}; config/sizing.py)")
