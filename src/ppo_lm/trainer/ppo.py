@@ -6,6 +6,7 @@ Read :meth:`PPOTrainer.train_iteration` first; everything else sets up or persis
 from __future__ import annotations
 
 import dataclasses
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -247,7 +248,8 @@ class PPOTrainer:
         try:
             if logger:
                 logger.start(start)
-            self.source.start(start, self.run_state.restored)  # an asynchronous one: its producer thread
+            began = time.perf_counter()
+            self.source.start(start, self.run_state.restored)  # an asynchronous one: its producer process
             if self.held_out is not None and start == 0:  # the policy before training, as iteration 0
                 before = self.evaluate(0)
                 if logger:
@@ -255,6 +257,7 @@ class PPOTrainer:
             for it in range(start + 1, cfg.iterations + 1):
                 done = self.train_iteration(it)
                 metrics = done.metrics
+                metrics["elapsed_s"] = time.perf_counter() - began  # the wall clock, waits and start-up included
                 if self.held_out is not None and ((every and it % every == 0) or it == cfg.iterations):
                     metrics.update(self.evaluate(it))
                 if eval_fn is not None and (it % eval_every == 0 or it == cfg.iterations):
