@@ -239,3 +239,9 @@ def test_decoder_shapes_and_fractions_of_the_peak():
     assert bench.peak_fractions(host, update_gflop_per_s=100.0, iteration_gflop_per_s=50.0) == {
         "update_of_peak": 0.25, "iteration_of_peak": 0.125, "update_of_peak_2048": 0.2, "iteration_of_peak_2048": 0.1}
     assert bench.peak_fractions({}, 100.0, 50.0) == {}  # no peak measured (a GPU run): no fraction
+
+
+def test_w1_asynchronous_times_the_learners_wall_clock(capsys):
+    r = _run(capsys, "--workload", "w1", "--threads", "1", "--max-staleness", "1", "--producer-threads", "1")
+    assert KEYS <= set(r) and r["max_staleness"] == 1 and r["producer_threads"] == 1
+    assert r["episodes_per_s"] == pytest.approx(bench_workloads.TINY.batch / r["s_per_iteration"], rel=1e-2)

@@ -136,7 +136,9 @@ def _timed_iterations(trainer, shape, warmup: int, iterations: int):
     for it in range(1, warmup + iterations + 1):
         if it == warmup + 1:  # the machine's load over the timed iterations only
             cpu0, own0 = host_cpu(), own_cpu_s()
+        t0 = time.perf_counter()
         done = trainer.train_iteration(it)
+        done.metrics["wall_s"] = time.perf_counter() - t0  # asynchronous: the waits iteration_s leaves out
         history.append(done.metrics)
         b = done.batch
         lengths = b.response_mask.sum(1).tolist()
@@ -185,12 +187,14 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
               warmup: int = 1, tiny: bool = False, compare_hf_generate: bool = False,
               compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False,
               cpu_lanes: int | None = None, policy: str | None = None, lora_r: int = 0,
-              micro_batch_size: int | None = None, response_length: int | None = None) -> dict:
+              micro_batch_size: int | None = None, response_length: int | None = None, max_staleness: int = 0,
+              producer_threads: int | None = None) -> dict:
     """Build the workload, run ``warmup + iterations`` trainer iterations and report throughput
     (``policy``: W3's model, a ``.gguf`` file or a save_pretrained directory; ``response_length``: W4's).
 
     Per-phase seconds are medians over the timed iterations (the ``warmup`` first ones are dropped);
-    ``episodes_per_s`` = batch / median ``iteration_s``. Prints a table, or one JSON line if ``json_out``.
+    ``episodes_per_s`` = batch / median ``iteration_s`` (``max_staleness`` ≥ 1: the median wall time of
+    ``train_iteration``, the learner's waits included). Prints a table, or one JSON line if ``json_out``.
     """
     from ..models import kernels
     from ..trainer.ppo import PPOTrainer
@@ -215,11 +219,15 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         else:
             paths, rows = save_models(root, shape), random_prompts(n_rows, shape)
         cfg = make_config(workload, shape, paths, str(root / "run"), warmup + iterations, threads, compile_kernels,
-                          device, logp_from_sampler, cpu_lanes, lora_r, micro_batch_size)
+                          device, logp_from_sampler, cpu_lanes, lora_r, micro_batch_size, max_staleness,
+                          producer_threads)
         t_build = time.perf_counter()
         trainer = PPOTrainer(cfg, prompt_rows=rows)
         build_s = time.perf_counter() - t_build
-        history, flops, prompt_means, load = _timed_iterations(trainer, shape, warmup, iterations)
+        try:
+            history, flops, prompt_means, load = _timed_iterations(trainer, shape, warmup, iterations)
+        finally:
+            trainer.source.close()  # an asynchronous producer's process
         rss_mb = peak_rss_mb()  # the trainer's peak, before the optional generate comparison
         extra = compare_generate(trainer, shape) if compare_hf_generate else {}
         response_mean = statistics.mean(m["response_length_mean"] for m in history[warmup:])
@@ -230,7 +238,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
     def med(key: str) -> float:
         return statistics.median(m[key] for m in timed)
 
-    it_s = med("iteration_s")
+    it_s = med("wall_s" if max_staleness else "iteration_s")
     result = {
         "system": "ppo-lm", "workload": workload.upper() + ("-tiny" if tiny else ""), "iterations": len(timed),
         "threads": torch.get_num_threads(), "s_per_iteration": round(it_s, 3),
@@ -251,6 +259,8 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         "build_s": round(build_s, 3),
         "compile_kernels": kernels.compiled(), "logp_from_sampler": logp_from_sampler,
         "cpu_lanes": trainer.learner.lanes.lanes,
+        "max_staleness": max_staleness,
+        **({"producer_threads": trainer.source.threads} if max_staleness else {}),
         "lora_r": lora_r, "micro_batch_size": trainer.cfg.optim.micro_batch_size,
         "peak_rss_mb": round(rss_mb), **load,
         **({"policy": str(policy)} if policy is not None else {}),
@@ -295,6 +305,11 @@ def bench_command(argv: list[str]) -> dict:
     ap.add_argument("--micro-batch-size", type=int, default=None, metavar="N",
                     help="optim.micro_batch_size: sequences per forward/backward within a minibatch (0: the "
                          "whole minibatch; default: the library's auto, config/sizing.py)")
+    ap.add_argument("--max-staleness", type=int, default=0, metavar="K",
+                    help="rollout.max_staleness: a producer process samples up to K updates ahead, with the tis "
+                         "correction (docs/async.md); 0: synchronous")
+    ap.add_argument("--producer-threads", type=int, default=None, metavar="N",
+                    help="rollout.producer_threads with --max-staleness (default: auto)")
     ap.add_argument("--device", default="cpu", help="cpu (W1's definition) or cuda / cuda:N")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests only
     args = ap.parse_args(argv)
@@ -306,6 +321,10 @@ def bench_command(argv: list[str]) -> dict:
         raise UsageError(f"--cpu-lanes must be >= 1, got {args.cpu_lanes}")
     if args.lora_r < 0:
         raise UsageError(f"--lora-r must be >= 0, got {args.lora_r}")
+    if args.max_staleness < 0:
+        raise UsageError(f"--max-staleness must be >= 0, got {args.max_staleness}")
+    if args.producer_threads is not None and (args.producer_threads < 1 or not args.max_staleness):
+        raise UsageError("--producer-threads takes a number >= 1, with --max-staleness >= 1")
     if args.micro_batch_size is not None and args.micro_batch_size < 0:
         raise UsageError(f"--micro-batch-size must be >= 0, got {args.micro_batch_size}")
     if args.response_length is not None:
@@ -336,7 +355,8 @@ def bench_command(argv: list[str]) -> dict:
                      compare_hf_generate=args.compare_hf_generate, compile_kernels=args.compile_kernels,
                      device=args.device, logp_from_sampler=args.logp_from_sampler, cpu_lanes=args.cpu_lanes,
                      lora_r=args.lora_r, micro_batch_size=args.micro_batch_size,
-                     policy=args.policy, response_length=args.response_length)
+                     policy=args.policy, response_length=args.response_length, max_staleness=args.max_staleness,
+                     producer_threads=args.producer_threads)
 
 
 def cmd_bench(argv: list[str]) -> int:

@@ -177,10 +177,12 @@ def save_w3_reward(policy: str, root: Path, seed: int = 0):
 
 def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None], output_dir: str, iterations: int,
                 threads: int, compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False,
-                cpu_lanes: int | None = None, lora_r: int = 0, micro_batch_size: int | None = None):
+                cpu_lanes: int | None = None, lora_r: int = 0, micro_batch_size: int | None = None,
+                max_staleness: int = 0, producer_threads: int | None = None):
     """The workload as a TrainConfig (``paths`` = policy, reward model, tokenizer directories; W3's
     tokenizer is None: the policy's own; ``micro_batch_size``: ``optim.micro_batch_size``, None: the
-    library's default, auto — the whole minibatch for W1/W2/W4's models, W3 with LoRA splits it)."""
+    library's default, auto — the whole minibatch for W1/W2/W4's models, W3 with LoRA splits it;
+    ``max_staleness`` ≥ 1: asynchronous, with the ``tis`` correction and ``producer_threads`` (None: auto))."""
     from ..config.train import TrainConfig
 
     cfg = TrainConfig(output_dir=output_dir, iterations=iterations, seed=0, threads=threads)
@@ -188,6 +190,10 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None],
     (m.policy, m.reward, m.tokenizer), m.critic, m.critic_init = paths, "separate", "reward"
     m.dtype, m.device, m.compile_kernels = "float32", device, compile_kernels
     cfg.rollout.logp_from_sampler = logp_from_sampler
+    if max_staleness:
+        cfg.rollout.max_staleness, cfg.algo.off_policy_correction = max_staleness, "tis"
+        if producer_threads is not None:
+            cfg.rollout.producer_threads = producer_threads
     if cpu_lanes is not None:
         m.cpu_lanes = cpu_lanes
     m.lora_r = lora_r
