@@ -233,3 +233,20 @@ def test_an_environments_error_in_the_producer_is_its_own_line(tmp_path, capsys)
     err = capsys.readouterr().err
     assert code == 2 and "raised ValueError: the sandbox is gone" in err and "Traceback" not in err, err
     assert not _producers()
+
+
+def test_group_estimators_and_held_out_evaluation_run_ahead_too(tmp_path):
+    """GRPO's groups stay whole when sampled ahead (a group's samples share their prompt); held-out
+    evaluation runs on the learner's side."""
+    kw = dict(KW, algo__estimator="grpo", rollout__samples_per_prompt=2, data__eval_prompts="builtin:equations",
+              data__builtin_eval_prompts=8, iterations=3)
+    tr = PPOTrainer(tiny_config(tmp_path, **kw), verifier=count_sevens)
+    taken = []
+    score = tr.score
+    tr.score = lambda trajectories: taken.append(trajectories) or score(trajectories)
+    history = tr.train()
+    assert [m["staleness_max"] for m in history] == [0, 1, 2] and "eval_score" in history[-1]
+    for batch in taken:
+        t = batch.trajectories
+        assert batch.group_size == 2 and len(t) == 8 * 2
+        assert all(a.row == b.row and a.prompt_ids == b.prompt_ids for a, b in zip(t[::2], t[1::2]))
