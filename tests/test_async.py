@@ -250,3 +250,33 @@ def test_group_estimators_and_held_out_evaluation_run_ahead_too(tmp_path):
         t = batch.trajectories
         assert batch.group_size == 2 and len(t) == 8 * 2
         assert all(a.row == b.row and a.prompt_ids == b.prompt_ids for a, b in zip(t[::2], t[1::2]))
+
+
+def test_every_token_is_sampled_by_the_weights_its_version_names(tmp_path):
+    """The producer's log-probabilities of what it sampled are those of the learner's weights of the
+    version each trajectory carries (kept at each publish), recomputed here by a plain forward."""
+    import copy
+
+    tr = PPOTrainer(tiny_config(tmp_path, iterations=5, **KW), verifier=count_sevens)
+    versions = {0: copy.deepcopy(tr.policy.lm.state_dict())}
+    publish = tr.source.publish
+    tr.source.publish = lambda v: versions.__setitem__(v, copy.deepcopy(tr.policy.lm.state_dict())) or publish(v)
+    taken = []
+    score = tr.score
+    tr.score = lambda trajectories: taken.append(trajectories) or score(trajectories)
+    tr.train()
+    lm = copy.deepcopy(tr.policy.lm).eval()
+
+    def logprobs(t, version):
+        lm.load_state_dict(versions[version])
+        with torch.no_grad():
+            logp = torch.log_softmax(lm(torch.tensor([t.prompt_ids + t.tokens])).logits[0, len(t.prompt_ids) - 1: -1], -1)
+        return logp.gather(1, torch.tensor(t.tokens).unsqueeze(1)).squeeze(1)
+
+    checked, off = set(), 0.0
+    for batch in taken:
+        for t in batch.trajectories[:3]:
+            assert torch.allclose(logprobs(t, t.version), torch.tensor(t.logprobs), atol=2e-4), (batch.iteration, t.version)
+            off = max(off, float((logprobs(t, t.version + 1) - torch.tensor(t.logprobs)).abs().max()))
+            checked.add(t.version)
+    assert checked == {0, 1, 2} and off > 1e-2  # the next version's would not have matched

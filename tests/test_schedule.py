@@ -96,3 +96,17 @@ def test_the_seed_map_is_one_to_one():
                                                                          for i in range(2**19)}) == 2**20
     xs = random.Random(0).sample(range(2**31), 100_000)
     assert len({group_seed(1, TRAIN, i) for i in xs}) == len(xs)
+
+
+def test_a_producers_sampling_streams_differ_across_runs_iterations_and_ranks():
+    """A CPU generator keeps a seed's low 32 bits only: the run's seed must move them, or every run
+    would sample its iteration j with the same stream."""
+    import torch
+
+    from ppo_lm.trainer.schedule import producer_sampling_seed
+
+    seeds = {producer_sampling_seed(s, r, j) for s in range(3) for r in range(4) for j in range(1, 200)}
+    assert len(seeds) == 3 * 4 * 199 and all(0 <= x < 2**32 for x in seeds)
+    firsts = {float(torch.rand(1, generator=torch.Generator().manual_seed(producer_sampling_seed(s, 0, 5))))
+              for s in range(3)}
+    assert len(firsts) == 3

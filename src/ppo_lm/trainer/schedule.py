@@ -90,8 +90,13 @@ def sampling_seed(seed: int, rank: int) -> int:
 
 def producer_sampling_seed(seed: int, rank: int, iteration: int) -> int:
     """An asynchronous producer's sampling generator for ``iteration`` on ``rank``: one per iteration,
-    so what it samples does not depend on when it samples (rollout/async_source.py)."""
-    return (_offset(seed) << 32) | (iteration * 4096 + rank) % 2**32  # distinct below 2²⁰ iterations, 4096 ranks
+    so what it samples does not depend on when it samples (rollout/async_source.py). In [0, 2³²): a CPU
+    generator keeps a seed's low 32 bits only, so the run's seed must move those bits too. Distinct for
+    every (iteration, rank) of a run below 2²⁰ iterations and 4096 ranks (a bijection mod 2³², as
+    :func:`group_seed`), and spread across runs by the seed's offset."""
+    if not 0 <= rank < 4096 or not 0 <= iteration < 2**20:
+        raise ValueError(f"iteration {iteration} or rank {rank} outside [0, 2**20) × [0, 4096)")
+    return ((iteration * 4096 + rank) * _MIX + _offset(seed ^ 0x5A5A5A5A)) % 2**SEED_BITS
 
 
 def shuffle_seed(seed: int, rank: int) -> int:
