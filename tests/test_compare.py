@@ -361,3 +361,11 @@ def test_compare_on_an_environment_of_your_own_task_needs_no_reward(tmp_path, sa
     assert main(["compare", "--output-dir", str(tmp_path / "bad2"), "--env", "builtin:equations_retry",
                  "--reward", "r.py:score"]) == 2  # the built-in task as well
     assert "leave --reward out" in capsys.readouterr().err
+
+
+def test_a_policy_of_your_own_on_the_built_in_task_is_checked_without_the_held_out_file(tmp_path, saved_policy):
+    """The built-in task's held-out equations are written by the comparison after its checks: a --policy
+    given for that task is checked (it loads) without them."""
+    c = compare.parse_args(["--policy", str(saved_policy), "--estimators", "gae", "--output-dir", str(tmp_path / "o")])
+    compare.check_compare(c)
+    assert compare.run_config(c, "gae", 0).data.eval_prompts == str(tmp_path / "o" / "heldout.jsonl")

@@ -200,7 +200,8 @@ def check_compare(cfg: CompareConfig) -> None:
     _check_task(cfg)
     for est in cfg.estimators:
         try:
-            _check_run(run_config(cfg, est, cfg.seeds[0]), start_exists=cfg.policy is not None or cfg.own_task)
+            _check_run(run_config(cfg, est, cfg.seeds[0]), start_exists=cfg.policy is not None or cfg.own_task,
+                       held_out_built_later=not cfg.own_task, smoke=cfg.smoke)
         except ConfigError as e:
             raise CompareError(f"estimator {est!r}: {e}") from None
     out = Path(cfg.output_dir)
@@ -214,7 +215,7 @@ def check_compare(cfg: CompareConfig) -> None:
                            "--overwrite to replace it, or choose another --output-dir")
 
 
-def _check_run(run: TrainConfig, start_exists: bool) -> None:
+def _check_run(run: TrainConfig, start_exists: bool, held_out_built_later: bool, smoke: bool) -> None:
     from ..config.validate import validate_config
     from ..trainer.preflight import preflight
 
@@ -222,6 +223,9 @@ def _check_run(run: TrainConfig, start_exists: bool) -> None:
         validate_config(run, 1)
         return
     with tempfile.TemporaryDirectory() as tmp:
+        if held_out_built_later:  # the built-in task's held-out file, written by the comparison after its checks
+            build_start(Path(tmp), smoke=smoke, build_policy=False, threads=0)
+            run.data.eval_prompts = str(Path(tmp) / "heldout.jsonl")
         run.output_dir = str(Path(tmp) / "run")
         preflight(run)
 
