@@ -71,6 +71,7 @@ def test_a_run_resumed_after_a_crash_equals_the_uninterrupted_one(tmp_path, monk
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow  # ~8 s of producer processes; .ci/run runs it
 def test_a_finished_run_continued_samples_its_first_new_iterations_with_its_last_weights(tmp_path):
     PPOTrainer(tiny_config(tmp_path, iterations=2, **KW), verifier=count_sevens).train()
     more = PPOTrainer(tiny_config(tmp_path, iterations=5, resume=True, **KW), verifier=count_sevens)
@@ -116,6 +117,7 @@ def test_a_producer_error_stops_the_run_where_the_learner_takes(tmp_path):
     assert tr.source._proc is None and not _producers()  # closed: no process left behind
 
 
+@pytest.mark.slow  # ~8 s of producer processes; .ci/run runs it
 def test_a_killed_producer_stops_the_run_in_one_line_with_its_checkpoints_intact(tmp_path):
     from ppo_lm.runtime.errors import UserError
 
@@ -129,6 +131,7 @@ def test_a_killed_producer_stops_the_run_in_one_line_with_its_checkpoints_intact
     assert [json.loads(x)["iteration"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow  # ~8 s of producer processes; .ci/run runs it
 def test_the_producer_does_not_outlive_a_killed_learner(tmp_path):
     script = tmp_path / "learner.py"
     script.write_text(textwrap.dedent(f"""
