@@ -45,6 +45,7 @@ def test_each_iteration_samples_with_the_weights_k_updates_old(tmp_path):
     assert all(m["learner_wait_s"] >= 0 and m["producer_wait_s"] >= 0 for m in history)
 
 
+@pytest.mark.slow  # ~4-12 s of producer processes; .ci/run runs it
 def test_a_run_resumed_after_a_crash_equals_the_uninterrupted_one(tmp_path, monkeypatch):
     import ppo_lm.trainer.ppo as ppo
 
@@ -162,6 +163,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # ~4-12 s of producer processes; .ci/run runs it
 def test_lora_publishes_the_adapters_only(tmp_path):
     tr = PPOTrainer(tiny_config(tmp_path, iterations=3, model__lora_r=4, **KW), verifier=count_sevens)
     history = tr.train()
@@ -180,6 +182,7 @@ def test_settings_that_cannot_work_are_refused(tmp_path, extra, match):
         PPOTrainer(tiny_config(tmp_path, **{**KW, **extra}), verifier=count_sevens)
 
 
+@pytest.mark.slow  # ~4-12 s of producer processes; .ci/run runs it
 def test_an_environments_episodes_are_sampled_ahead_too(tmp_path):
     cfg = tiny_config(tmp_path, iterations=3, rollout__env="builtin:equations_retry", rollout__max_turns=2,
                       rollout__samples_per_prompt=2, **KW)
@@ -238,6 +241,7 @@ def test_an_environments_error_in_the_producer_is_its_own_line(tmp_path, capsys)
     assert not _producers()
 
 
+@pytest.mark.slow  # ~4-12 s of producer processes; .ci/run runs it
 def test_group_estimators_and_held_out_evaluation_run_ahead_too(tmp_path):
     """GRPO's groups stay whole when sampled ahead (a group's samples share their prompt); held-out
     evaluation runs on the learner's side."""
