@@ -91,14 +91,14 @@ class AsyncSource:
             blob = pickle.dumps(spec)
             self._spawn()
             self._conn.send(([p for p in sys.path if p], blob))
-            self._wait(lambda: self._started, "learner_wait_s")
+            self._wait(lambda: self._started)
         finally:
             self._box.unlink()  # mapped on both sides by now (or never to be): nothing left on disk
 
     def take(self, iteration: int) -> TrajectoryBatch:
         if self._proc is None:
             self.start(iteration - 1)
-        self._wait(lambda: iteration in self._ready, "learner_wait_s")
+        self._wait(lambda: iteration in self._ready)
         with self._cv:
             return self._ready.pop(iteration)
 
@@ -110,12 +110,12 @@ class AsyncSource:
         self._published = version
         if version > max(self._floor, self.last - 1 - self.k):
             return
-        self._wait(lambda: self._took >= version - 1, "learner_wait_s")
+        self._wait(lambda: self._took >= version - 1)
         self._box.write(self._params)
         try:
             self._conn.send(("weights", version))
         except OSError:  # the producer is gone: the receiver says how
-            self._wait(lambda: False, "learner_wait_s")
+            self._wait(lambda: False)
 
     def pending(self) -> list[TrajectoryBatch]:
         """The batches sampled ahead and not yet taken, in order — every one sampled with weights older
@@ -123,7 +123,7 @@ class AsyncSource:
         if self._proc is None:
             return []
         ahead = range(self._published + 1, min(self._published + self.k, self.last) + 1)
-        self._wait(lambda: all(j in self._ready for j in ahead), "learner_wait_s")
+        self._wait(lambda: all(j in self._ready for j in ahead))
         with self._cv:
             return [self._ready[j] for j in sorted(self._ready)]
 
@@ -189,7 +189,8 @@ class AsyncSource:
         elif kind == "error":
             self._error = _rebuilt(message[1])
 
-    def _wait(self, ready: Callable[[], bool], counter: str) -> None:
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        """Wait (as the learner; counted in ``learner_wait_s``) until ``ready()``, raising the producer's error."""
         t0 = time.perf_counter()
         with self._cv:
             while not ready():
@@ -198,7 +199,7 @@ class AsyncSource:
                 if self._finished:
                     raise ProducerError("the producer ended without what the learner waits for")
                 self._cv.wait(timeout=1.0)
-        self.waited[counter] += time.perf_counter() - t0
+        self.waited["learner_wait_s"] += time.perf_counter() - t0
 
 
 def _rebuilt(payload) -> BaseException:
