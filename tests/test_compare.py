@@ -369,3 +369,69 @@ def test_a_policy_of_your_own_on_the_built_in_task_is_checked_without_the_held_o
     c = compare.parse_args(["--policy", str(saved_policy), "--estimators", "gae", "--output-dir", str(tmp_path / "o")])
     compare.check_compare(c)
     assert compare.run_config(c, "gae", 0).data.eval_prompts == str(tmp_path / "o" / "heldout.jsonl")
+
+
+def test_value_at_interpolates_between_evaluations_and_holds_at_the_ends():
+    from ppo_lm.reporting.compare_report import value_at
+
+    curve = [[10.0, 0.2], [20.0, 0.4], [40.0, 0.1]]
+    assert value_at(curve, 5.0) == 0.2 and value_at(curve, 50.0) == 0.1
+    assert value_at(curve, 15.0) == pytest.approx(0.3) and value_at(curve, 30.0) == pytest.approx(0.25)
+    assert value_at(curve, 20.0) == pytest.approx(0.4)
+
+
+def test_equal_budgets_read_every_run_where_the_first_run_ended():
+    from ppo_lm.reporting.compare_report import equal_budgets
+
+    def run(est, seed, train_s, tokens, scale):
+        xs = [0.0, train_s / 2, train_s]
+        return {"estimator": est, "seed": seed, "train_s": train_s, "sampled_tokens": tokens, "accuracy_before": 0.2,
+                "accuracy_after": 0.2 + 0.4 * scale,
+                "wall_curves": {"eval_score": [[x, 0.2 + 0.4 * scale * x / train_s] for x in xs]},
+                "curves": {"eval_score": [[x * tokens / train_s, 0.2 + 0.4 * scale * x / train_s] for x in xs]}}
+
+    runs = [run("gae", 0, 200.0, 1000.0, 1.0), run("reinforce++", 0, 100.0, 1100.0, 1.0),
+            run("gae", 1, 220.0, 900.0, 0.5), run("reinforce++", 1, 120.0, 1000.0, 0.5)]
+    eq = equal_budgets(runs)
+    sec, tok = eq["seconds"], eq["tokens"]
+    assert sec["at"] == 100.0 and sec["run"] == "reinforce++-seed0"
+    assert tok["at"] == 900.0 and tok["run"] == "gae-seed1"
+    # gae at 100 s: 0.2 + 0.4·100/200 = 0.4 (seed 0), 0.2 + 0.2·100/220 (seed 1)
+    assert sec["estimators"]["gae"]["min"] == pytest.approx(0.2 + 0.2 * 100 / 220)
+    assert sec["estimators"]["gae"]["max"] == pytest.approx(0.4)
+    assert sec["estimators"]["reinforce++"]["max"] == pytest.approx(0.6)  # it ended there
+    # reinforce++ at 900 tokens: seed 0 reaches 1100 tokens in 100 s, so 0.2 + 0.4·900/1100
+    assert tok["estimators"]["reinforce++"]["max"] == pytest.approx(0.2 + 0.4 * 900 / 1100)
+
+
+def test_a_variant_of_an_estimator_runs_in_its_layout_under_its_own_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(compare, "run_one", _in_process)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("per_estimator:\n  gae-frozen:\n    algo:\n      estimator: gae\n    model:\n      critic: frozen\n")
+    out = tmp_path / "cmp"
+    assert main(["compare", "--smoke", "--estimators", "gae,gae-frozen,grpo", "--seeds", "0", "--iterations", "1",
+                 "--config", str(cfg), "--output-dir", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["settings"]["layouts"]["gae-frozen"] == [8, 1]
+    assert s["estimators"]["gae-frozen"]["models_held"] == ["policy", "reference", "critic's value head on a frozen body"]
+    assert (out / "runs" / "gae-frozen-seed0" / "metrics.jsonl").is_file()
+    assert set(s["equal_budgets"]["seconds"]["estimators"]) == {"gae", "gae-frozen", "grpo"}
+    md = (out / "summary.md").read_text()
+    assert "| at " in md and "interpolated linearly between the held-out evaluations" in md
+
+
+@pytest.mark.parametrize("text, message", [
+    ("per_estimator:\n  gae-x:\n    model:\n      critic: frozen\n", "make it a variant by setting `algo.estimator`"),
+    ("per_estimator:\n  gae:\n    algo:\n      estimator: grpo\n", "cannot run another; name a variant"),
+])
+def test_a_variant_needs_its_estimator(tmp_path, capsys, text, message):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    assert main(["compare", "--smoke", "--estimators", "gae", "--config", str(cfg), "--output-dir",
+                 str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_undefined_variant_is_refused(tmp_path, capsys):
+    assert main(["compare", "--smoke", "--estimators", "gae,gae-lora", "--output-dir", str(tmp_path / "o")]) == 2
+    assert "define a variant in the --config file's `per_estimator`" in capsys.readouterr().err

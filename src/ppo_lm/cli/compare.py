@@ -26,6 +26,7 @@ from .compare_plan import (
     CompareError,
     base_settings,
     build_start,
+    estimator_of,
     models_held,
     read_file_settings,
     run_one,
@@ -39,7 +40,8 @@ __all__ = ["CompareConfig", "CompareError", "check_compare", "cmd_compare", "par
 @dataclass
 class CompareConfig:
     estimators: list[str] = field(default_factory=lambda: ["gae", "grpo", "rloo", "reinforce++"])
-    """Advantage estimators (`algo.estimator` names), each run with every seed."""
+    """Advantage estimators (`algo.estimator` names), or variants the --config file's `per_estimator`
+    defines (a section that sets `algo.estimator`), each run with every seed."""
     iterations: int = 400
     """PPO iterations of every run (replaces the --config file's `iterations`)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
@@ -113,7 +115,8 @@ def parse_args(argv: list[str]) -> CompareConfig:
     p = ArgumentParser(prog="ppo-lm compare", description="Advantage estimators side by side: the same task, start, "
                        "budget of sampled episodes and seeds; writes summary.json, summary.md and curves.png.")
     p.add_argument("--estimators", type=_csv(str, "comma-separated list"), default=d.estimators,
-                   help=f"comma-separated, e.g. {','.join(d.estimators)} (the default)")
+                   help=f"comma-separated, e.g. {','.join(d.estimators)} (the default); a variant of the "
+                        "--config file's per_estimator (a section that sets algo.estimator) counts as one")
     p.add_argument("--iterations", type=int, default=d.iterations, help=f"iterations of every run ({d.iterations})")
     p.add_argument("--seeds", type=_csv(int, "comma-separated list of distinct integers"), default=d.seeds,
                    help=f"comma-separated, e.g. {','.join(map(str, d.seeds))} (the default)")
@@ -147,13 +150,19 @@ def parse_args(argv: list[str]) -> CompareConfig:
     return cfg
 
 
-def _check_numbers(cfg: CompareConfig) -> None:
+def _check_names(cfg: CompareConfig) -> None:
+    """Each name of --estimators is an estimator, or a variant the --config file's ``per_estimator``
+    defines (a section that sets ``algo.estimator``)."""
     from ..algorithms.registry import ADVANTAGE_ESTIMATORS
 
-    unknown = [e for e in cfg.estimators if e not in ADVANTAGE_ESTIMATORS]
+    unknown = [e for e in cfg.estimators if e not in ADVANTAGE_ESTIMATORS and e not in cfg.per_estimator]
     if unknown:
         raise CompareError(f"--estimators: unknown estimator(s) {', '.join(map(repr, unknown))}; choose from "
-                           f"{', '.join(ADVANTAGE_ESTIMATORS)}")
+                           f"{', '.join(ADVANTAGE_ESTIMATORS)}, or define a variant in the --config file's "
+                           "`per_estimator` (a section that sets `algo.estimator`)")
+
+
+def _check_numbers(cfg: CompareConfig) -> None:
     for name, value, least in (("iterations", cfg.iterations, 1), ("episodes", cfg.episodes, 1),
                                ("group-size", cfg.group_size, 2)):
         if value < least:
@@ -197,6 +206,7 @@ def check_compare(cfg: CompareConfig) -> None:
             cfg.file_settings, cfg.per_estimator = read_file_settings(cfg.config)
         except ConfigError as e:
             raise CompareError(str(e)) from None
+    _check_names(cfg)
     _check_task(cfg)
     for est in cfg.estimators:
         try:
@@ -243,7 +253,7 @@ def run_config(cfg: CompareConfig, estimator: str, seed: int) -> TrainConfig:
         if run.data.eval_prompts == "builtin:equations":
             run.data.builtin_eval_prompts = 8
         run.data.eval_max_prompts, run.log.eval_every = SMOKE_EVAL_PROMPTS, 1
-    run.algo.estimator = estimator  # type: ignore[assignment]  # checked against the registry
+    run.algo.estimator = estimator_of(estimator, cfg.per_estimator)  # type: ignore[assignment]  # checked
     run.seed = seed
     run.iterations = cfg.iterations
     run.output_dir = str(out / "runs" / f"{estimator}-seed{seed}")
@@ -281,6 +291,7 @@ def _settings(cfg: CompareConfig, runs: dict[str, TrainConfig]) -> dict:
 
 def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:
     from ..reporting.compare_report import (
+        equal_budgets,
         held_out_value,
         plot_curves,
         run_record,
@@ -327,6 +338,7 @@ def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:
         "date": time.strftime("%Y-%m-%d"),
         "settings": _settings(cfg, {e: run_config(cfg, e, cfg.seeds[0]) for e in cfg.estimators}),
         "estimators": summarize(runs),
+        "equal_budgets": equal_budgets(runs),
         "runs": [{k: v for k, v in r.items() if k not in ("curves", "wall_curves")} for r in runs],
         "wall_s": time.perf_counter() - t0,
         "per_estimator": cfg.per_estimator,

@@ -13,6 +13,11 @@ A run's settings are built in layers, each over the one before (docs/compare.md)
 4. the file's ``per_estimator: {NAME: {...}}`` section for that estimator;
 5. what the comparison itself sets: the estimator, seed, iterations, output directory, the start, and
    the task flags (``--prompts``, ``--reward``, ``--eval-prompts``).
+
+A ``per_estimator`` section may also name a *variant*: a name of your own whose section sets
+``algo.estimator`` (``gae-lora: {algo: {estimator: gae}, model: {critic_lora_r: 16}}``), listed in
+``--estimators`` like an estimator and run in its estimator's layout — one comparison of several
+settings of one estimator, alternated seed by seed like any other.
 """
 
 from __future__ import annotations
@@ -65,13 +70,21 @@ def layout(estimator: str, name: str, episodes: int, group_size: int) -> tuple[i
     return episodes // group_size, group_size
 
 
+def estimator_of(name: str, per_estimator: dict[str, dict]) -> str:
+    """The advantage estimator a name of ``--estimators`` runs: the name itself, or a variant's
+    ``algo.estimator`` (its ``per_estimator`` section)."""
+    return ((per_estimator.get(name) or {}).get("algo") or {}).get("estimator") or name
+
+
 def run_settings(base: TrainConfig, estimator: str, *, layout_name: str, episodes: int, group_size: int,
                  file_settings: dict, per_estimator: dict[str, dict]) -> TrainConfig:
-    """Layers 1–4 for one estimator (the comparison's own fields come on top, in compare.run_config)."""
+    """Layers 1–4 for one estimator or variant (the comparison's own fields come on top, in
+    compare.run_config)."""
     from ..config.io import from_dict
 
     run = copy.deepcopy(base)
-    run.rollout.num_prompts, run.rollout.samples_per_prompt = layout(estimator, layout_name, episodes, group_size)
+    run.rollout.num_prompts, run.rollout.samples_per_prompt = layout(estimator_of(estimator, per_estimator),
+                                                                     layout_name, episodes, group_size)
     run = from_dict(TrainConfig, copy.deepcopy(file_settings), base=run)
     section = per_estimator.get(estimator)
     if section:
@@ -93,10 +106,16 @@ def read_file_settings(path: str) -> tuple[dict, dict[str, dict]]:
             raise ConfigError(f"`per_estimator` must map estimator names to settings, got {sections!r}")
         from_dict(TrainConfig, copy.deepcopy(data))
         for name, section in sections.items():
-            if name not in ADVANTAGE_ESTIMATORS:
+            run = from_dict(TrainConfig, copy.deepcopy(section), prefix=f"per_estimator.{name}")
+            given = ((section or {}).get("algo") or {}).get("estimator")
+            if name not in ADVANTAGE_ESTIMATORS and given is None:
                 raise ConfigError(f"`per_estimator.{name}`: unknown estimator; choose from "
-                                  f"{', '.join(ADVANTAGE_ESTIMATORS)}")
-            from_dict(TrainConfig, copy.deepcopy(section), prefix=f"per_estimator.{name}")
+                                  f"{', '.join(ADVANTAGE_ESTIMATORS)}, or make it a variant by setting "
+                                  "`algo.estimator` in it")
+            if name in ADVANTAGE_ESTIMATORS and given not in (None, name):
+                raise ConfigError(f"`per_estimator.{name}.algo.estimator`={given!r}: the section of estimator "
+                                  f"{name!r} cannot run another; name a variant instead (e.g. {given}-{name})")
+            del run
     except ConfigError as e:
         raise CompareError(f"{path}: {e}") from None
     return data, {name: section or {} for name, section in sections.items()}
@@ -111,7 +130,9 @@ def models_held(run: TrainConfig) -> list[str]:
 
     held = ["policy"] if getattr(run.model, "lora_r", 0) else ["policy", "reference"]
     if get_advantage_estimator(run.algo.estimator).needs_critic:
-        held.append("critic" if run.model.critic == "separate" else "value head")
+        m = run.model
+        held.append("value head" if m.critic == "shared" else "critic's value head on a frozen body"
+                    if m.critic == "frozen" else "critic's adapters" if m.critic_adapter_rank else "critic")
     held += ["reward model" for spec, _ in reward_specs(run.model) if is_model_path(spec)]
     return held
 

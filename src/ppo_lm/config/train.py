@@ -39,8 +39,15 @@ class ModelConfig:
     gold_reward: str | None = None
     """Optional verifier ('module:function' or 'builtin:equations') scored next to the training reward
     and logged as `gold_score`: with a learned reward model it shows over-optimisation."""
-    critic: Literal["separate", "shared"] = "separate"
-    """'separate': own transformer body + scalar head; 'shared': a value head on the policy trunk."""
+    critic: Literal["separate", "shared", "frozen"] = "separate"
+    """'separate': own transformer body + scalar head; 'shared': a value head on the policy trunk;
+    'frozen': a separate critic whose body (`critic_init`'s) never trains, only its value head — a
+    regression on frozen features, the cheapest critic (docs/critic.md, "What a critic costs")."""
+    critic_lora_r: int | None = setting(None, ge=0)
+    """LoRA rank of a separate critic; None = `lora_r`. With r > 0 the critic's body is frozen and held
+    by reference, not copied (in full fine-tuning it is the frozen reference's body), and only its
+    adapters (`lora_alpha`, `lora_dropout`, `lora_target_modules`) and value head train; 0 trains
+    every weight of the critic."""
     critic_init: str = "auto"
     """Separate critic's body: 'auto' (reward model if there is one, else policy), 'policy',
     'reward', or a path to a checkpoint."""
@@ -104,6 +111,20 @@ class ModelConfig:
     critic, as the trainer builds or loads them."""
     device: str = setting("auto", resume=True)
     """'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu', 'cuda', …"""
+
+    @property
+    def critic_adapter_rank(self) -> int:
+        """The LoRA rank of a separate critic's adapters: `critic_lora_r`, else `lora_r`; 0 for a frozen
+        critic (its value head alone trains) and for a shared one (its value head is on the policy)."""
+        if self.critic != "separate":
+            return 0
+        return self.lora_r if self.critic_lora_r is None else self.critic_lora_r
+
+    @property
+    def critic_body_frozen(self) -> bool:
+        """A separate critic whose body does not train (adapters, or a frozen critic's head alone): it
+        holds the body it starts from by reference (docs/lora.md)."""
+        return self.critic == "frozen" or self.critic_adapter_rank > 0
 
 
 @dataclass

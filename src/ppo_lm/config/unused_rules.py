@@ -104,8 +104,8 @@ def _critic_init_unused(c: TrainConfig, f: Facts) -> str | None:
 def _separate_critic(c: TrainConfig, f: Facts) -> str | None:
     if not _spec(c).needs_critic or c.model.critic == "shared":
         return None  # critic-free: the critic rule says so
-    return ("is unused: a separate critic (`model.critic`='separate') has a body of its own, so no value-loss "
-            "gradient reaches the policy's trunk")
+    return (f"is unused: a {c.model.critic} critic (`model.critic`={c.model.critic!r}) has a body of its own, so "
+            "no value-loss gradient reaches the policy's trunk")
 
 
 def _sampler_logp_unused(c: TrainConfig, f: Facts) -> str | None:
@@ -251,7 +251,18 @@ def _lanes_unused(cuda: bool) -> Why:
 
 
 def _no_lora(c: TrainConfig, f: Facts) -> str | None:
-    return "is unused: `model.lora_r` is 0 (no LoRA adapters; every weight trains)" if not c.model.lora_r else None
+    if c.model.lora_r or (_spec(c).needs_critic and c.model.critic_adapter_rank):
+        return None
+    return "is unused: `model.lora_r` is 0 and no critic has adapters (every weight trains)"
+
+
+def _no_separate_critic(c: TrainConfig, f: Facts) -> str | None:
+    if not _spec(c).needs_critic:
+        return _no_critic(c, f)
+    if c.model.critic != "separate":
+        return (f"is unused: `model.critic` is {c.model.critic!r}, and only a separate critic ('separate') takes "
+                "adapters")
+    return None
 
 
 def _no_samples(c: TrainConfig, f: Facts) -> str | None:
@@ -344,7 +355,8 @@ RULES: tuple[Rule, ...] = (
          shared_by="tests/trainer_helpers.py's tiny_config sizes the built-in model for every test, whatever its policy"),
     # (`model.lora_head` without `model.lora_r`: validate.py's _check_lora refuses it)
     Rule(("model.lora_alpha", "model.lora_dropout", "model.lora_target_modules"), _no_lora,
-         "set `model.lora_r` > 0 for adapters, or leave it out"),
+         "set `model.lora_r` (or `model.critic_lora_r`) > 0 for adapters, or leave it out"),
+    Rule(("model.critic_lora_r",), _no_separate_critic, "leave it out, or set `model.critic` to 'separate'"),
     # Processes and devices.
     Rule(("model.fsdp",), _single_process, "launch with torchrun --nproc-per-node N, or leave it out"),
     Rule(("model.fsdp_bf16",), _no_fsdp, "leave it out, or shard with `model.fsdp` under torchrun"),

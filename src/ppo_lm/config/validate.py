@@ -28,9 +28,13 @@ def _check_builtin(cfg: TrainConfig) -> None:
 
 def _check_lora(cfg: TrainConfig) -> None:
     m = cfg.model
-    if not m.lora_r:
-        if m.lora_head:
-            raise ConfigError("`model.lora_head` needs `model.lora_r` > 0 (the rank of the adapters)")
+    if m.critic == "frozen" and m.critic_lora_r:
+        raise ConfigError(f"`model.critic_lora_r`={m.critic_lora_r} with `model.critic`='frozen': a frozen critic "
+                          "trains its value head alone; set `model.critic` to 'separate' for a LoRA critic, or leave "
+                          "`model.critic_lora_r` out")
+    if m.lora_head and not m.lora_r:
+        raise ConfigError("`model.lora_head` needs `model.lora_r` > 0 (the rank of the adapters)")
+    if not m.lora_r and not m.critic_adapter_rank:
         return
     targets = m.lora_target_modules
     if not targets or any(not isinstance(t, str) or not t.strip() for t in targets):
@@ -42,7 +46,8 @@ def _check_lora(cfg: TrainConfig) -> None:
     import importlib.util
 
     if importlib.util.find_spec("peft") is None:
-        raise ConfigError("`model.lora_r` > 0 needs the peft package: pip install 'ppo-lm[lora]'")
+        field = "model.lora_r" if m.lora_r else "model.critic_lora_r"
+        raise ConfigError(f"`{field}` > 0 needs the peft package: pip install 'ppo-lm[lora]'")
 
 
 def _check_adaptive_kl(cfg: TrainConfig) -> None:

@@ -89,6 +89,41 @@ def critic_record(its: list[dict]) -> dict | None:
             "first_learns": next((r["iteration"] for r in rows if r["explained_variance"] >= EV_LEARNS), None)}
 
 
+def value_at(curve: list[list[float]], x: float) -> float:
+    """The curve's value at ``x`` ([[x, y], …], x ascending), linear between its two nearest points;
+    its first value before its first point and its last after its last."""
+    if not curve:
+        raise ValueError("value of an empty curve")
+    if x <= curve[0][0]:
+        return curve[0][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return curve[-1][1]
+
+
+BUDGETS = {"seconds": ("wall_curves", "train_s"), "tokens": ("curves", "sampled_tokens")}
+"""The equal budgets of :func:`equal_budgets`: each run's held-out curve against training seconds
+(start-up and model loading left out) or against sampled tokens, and the run's total of that axis."""
+
+
+def equal_budgets(runs: list[dict]) -> dict[str, dict]:
+    """Every estimator's held-out score where the run with the smallest budget ended, for each axis of
+    :data:`BUDGETS`: ``at`` (the budget: that run's training seconds or sampled tokens), ``run`` (which
+    run ended first) and, per estimator, the spread over its seeds of its held-out curve at ``at``,
+    interpolated linearly between its evaluations (:func:`value_at`). Per second a critic's cost
+    shows; per token its credit does (docs/critic.md)."""
+    out: dict[str, dict] = {}
+    for axis, (curves, total) in BUDGETS.items():
+        first = min(runs, key=lambda r: r[total])
+        at = first[total]
+        names = dict.fromkeys(r["estimator"] for r in runs)
+        out[axis] = {"at": at, "run": f"{first['estimator']}-seed{first['seed']}",
+                     "estimators": {n: spread([value_at(r[curves]["eval_score"], at) for r in runs
+                                               if r["estimator"] == n]) for n in names}}
+    return out
+
+
 def summarize(runs: list[dict]) -> dict[str, dict]:
     """Per estimator (in the order of ``runs``): the spread over its seeds of each measured number, and
     the models it holds."""
@@ -157,10 +192,37 @@ def _budget(s: dict) -> str:
             f"per prompt below){tokens} for every run")
 
 
+def _budget_cells(summary: dict, name: str, env: str | None) -> list[str]:
+    """The held-out cells at equal sampled tokens and at equal training seconds (summary.json's
+    ``equal_budgets``); none for a summary without them."""
+    eq = summary.get("equal_budgets")
+    if not eq:
+        return []
+    scale, fmt, unit = (1, ".3f", "") if env else (100, ".1f", " %")
+    return [f"{_pm(eq[axis]['estimators'][name], scale, fmt)}{unit}" for axis in ("tokens", "seconds")]
+
+
+def _budget_note(summary: dict) -> str:
+    eq = summary.get("equal_budgets")
+    if not eq:
+        return ""
+    t, sec = eq["tokens"], eq["seconds"]
+    return (f"\nAt equal budgets: each run's held-out curve read at {_tokens(t['at'])} sampled tokens (where "
+            f"{t['run']} ended) and at {sec['at']:.0f} s of training (where {sec['run']} ended; training seconds "
+            "leave out the process's start-up and model loading), interpolated linearly between the held-out "
+            "evaluations, so a value between two evaluations is an estimate.\n")
+
+
 def summary_markdown(summary: dict) -> str:
-    """The comparison table: one row per estimator, mean ± sample std over the seeds."""
+    """The comparison table: one row per estimator, mean ± sample std over the seeds; with
+    ``equal_budgets`` (:func:`equal_budgets`) two more columns, held-out at equal sampled tokens and
+    at equal training seconds."""
     s = summary["settings"]
     env = s.get("env")
+    eq = summary.get("equal_budgets")
+    what = "mean return" if env else "accuracy"
+    budget_heads = (f" held-out {what} at {_tokens(eq['tokens']['at'])} tokens | at {eq['seconds']['at']:.0f} s |"
+                    if eq else "")
     held_out = (f"environment {env}; held-out mean return: greedy episodes" if env else
                 "held-out accuracy: greedy")
     lines = [
@@ -173,8 +235,8 @@ def summary_markdown(summary: dict) -> str:
         "",
         f"| estimator | prompts × samples | held-out {'mean return' if env else 'accuracy'} before | after | "
         f"gain ({'return' if env else 'points'}) | sampled tokens per run | wall time per run | peak RSS per run "
-        "| models held | critic's explained variance, last 1/8 of the run |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"|{budget_heads} models held | critic's explained variance, last 1/8 of the run |",
+        "|---|---|---|---|---|---|---|---|" + ("---|---|" if eq else "") + "---|---|",
     ]
     for name, e in summary["estimators"].items():
         models = e["models_held"]
@@ -182,8 +244,9 @@ def summary_markdown(summary: dict) -> str:
         lines.append(
             f"| {name} | {prompts} × {samples} | {' | '.join(_held_out_cells(e, env))} | "
             f"{_tokens(e['sampled_tokens']['mean'])} | {_pm(e['wall_s'], 1, '.0f')} s | "
-            f"{e['peak_rss_mb']['mean']:.0f} MB | {len(models)} ({', '.join(models)}) | {_critic_cell(e)} |")
-    return "\n".join(lines) + "\n"
+            f"{e['peak_rss_mb']['mean']:.0f} MB | {''.join(c + ' | ' for c in _budget_cells(summary, name, env))}"
+            f"{len(models)} ({', '.join(models)}) | {_critic_cell(e)} |")
+    return "\n".join(lines) + "\n" + _budget_note(summary)
 
 
 def smooth(values: list[float], window: int) -> list[float]:

@@ -1,5 +1,6 @@
 """LoRA in a run (``model.lora_r`` > 0, docs/lora.md): adapters on the policy and a separate critic, the
-reference as the policy with its adapters off, and frozen bodies shared instead of copied."""
+reference as the policy with its adapters off, and frozen bodies shared instead of copied — a critic's
+frozen body too (``model.critic_lora_r``, ``model.critic`` frozen; docs/critic.md)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,17 @@ from ..runtime.errors import ConfigError
 from . import builders
 
 
-def lora_settings(m: ModelConfig) -> lora.LoraSettings | None:
-    """The run's LoRA settings, or None when ``model.lora_r`` is 0."""
-    if not m.lora_r:
+def lora_settings(m: ModelConfig, r: int | None = None) -> lora.LoraSettings | None:
+    """The run's LoRA settings at rank ``r`` (None: ``model.lora_r``), or None when that rank is 0."""
+    r = m.lora_r if r is None else r
+    if not r:
         return None
-    return lora.LoraSettings(r=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout,
+    return lora.LoraSettings(r=r, alpha=m.lora_alpha, dropout=m.lora_dropout,
                              target_modules=tuple(m.lora_target_modules), head=m.lora_head)
 
 
-def _add(model: nn.Module, cfg: TrainConfig, name_or_path: str | None, *, head: bool) -> None:
-    settings = dataclasses.replace(lora_settings(cfg.model), head=head)
+def _add(model: nn.Module, cfg: TrainConfig, name_or_path: str | None, *, head: bool, r: int | None = None) -> None:
+    settings = dataclasses.replace(lora_settings(cfg.model, r), head=head)
     try:
         lora.add_adapters(model, settings, seed=cfg.seed, name_or_path=name_or_path)
     except ValueError as e:
@@ -46,19 +48,23 @@ def build_reference(policy: PolicyModel) -> PolicyModel | AdaptersOff:
     return PolicyModel(builders.frozen_copy(policy.lm))
 
 
-def add_critic_adapters(cfg: TrainConfig, critic: CriticModel, policy_lm: nn.Module,
-                        reward_model: nn.Module | None) -> None:
-    """LoRA on a separate critic's body; its value head trains in full. The model whose body the critic
-    started from (``model.critic_init``: the reward model or the policy) is frozen, as is the critic's
-    base, so the critic holds those weights by reference, not as a copy."""
+def freeze_critic_body(cfg: TrainConfig, critic: CriticModel, ref: nn.Module, reward_model: nn.Module | None) -> None:
+    """A separate critic whose body does not train (``model.critic_body_frozen``): LoRA adapters on it at
+    ``model.critic_adapter_rank``, or none for a frozen critic; its value head trains in full either
+    way. The body it started from (``model.critic_init``) is frozen on both sides, so the critic holds
+    those weights by reference, not as a copy: the reward model's, or the policy's as it started —
+    the frozen reference ``ref`` (the policy's own base weights with LoRA), so in full fine-tuning the
+    critic adds no second body to memory."""
     source = cfg.model.critic_init
     if source == "auto":
         source = "reward" if reward_model is not None else "policy"
-    donor = {"reward": reward_model, "policy": policy_lm}.get(source)
-    body = trunk(critic.model)
+    donor = {"reward": reward_model, "policy": ref.lm}.get(source)
+    critic.model.requires_grad_(False)
     if donor is not None:
-        share_weights(body, trunk(donor))
-    _add(critic.model, cfg, None, head=False)
+        share_weights(trunk(critic.model), trunk(donor))
+    rank = cfg.model.critic_adapter_rank
+    if rank:
+        _add(critic.model, cfg, None, head=False, r=rank)
     scalar_head(critic.model).requires_grad_(True)
 
 

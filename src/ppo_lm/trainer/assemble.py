@@ -146,10 +146,10 @@ def build_models(cfg: TrainConfig, pre: Preflight, device: torch.device, *, poli
     if estimator.needs_critic and not shared_critic:
         critic = builders.build_critic(cfg.model, lm, reward_model).to(device)
     if cfg.model.lora_r:  # only adapters train (docs/lora.md)
-        if critic is not None:
-            adapters.add_critic_adapters(cfg, critic, lm, reward_model)
         adapters.add_policy_adapters(cfg, policy_module)
     ref = adapters.build_reference(policy_module).to(device)
+    if critic is not None and cfg.model.critic_body_frozen:  # adapters or the value head alone train
+        adapters.freeze_critic_body(cfg, critic, ref, reward_model)
     if cfg.model.gradient_checkpointing:
         enable_checkpointing(lm)
         if critic is not None:

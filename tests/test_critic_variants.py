@@ -1,0 +1,112 @@
+"""Cheaper critics (docs/critic.md, "What a critic costs"): a LoRA critic on the frozen reference's
+body in full fine-tuning (`model.critic_lora_r`) and a value head on frozen features (`model.critic`
+frozen). Each holds its body by reference, trains only what it should, and resumes bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from trainer_helpers import length_reward, tiny_config
+
+from ppo_lm.config.validate import validate_config
+from ppo_lm.models import lora
+from ppo_lm.models.actor_critic import _hidden
+from ppo_lm.models.hf_compat import scalar_head, trunk
+from ppo_lm.records.metrics_log import is_timing_key
+from ppo_lm.runtime.errors import ConfigError
+from ppo_lm.trainer.ppo import PPOTrainer
+
+VARIANTS = {"lora": dict(model__critic_lora_r=4), "frozen": dict(model__critic="frozen")}
+
+
+def _config(path, variant: str, **kw):
+    kw.setdefault("optim__critic_lr", 1e-2)
+    return tiny_config(path, **VARIANTS[variant], **kw)
+
+
+def _body_shares_the_references_storage(tr) -> list[str]:
+    """Names of the critic's body tensors that are not the reference's very tensors (empty: all are)."""
+    ref = {n: p for n, p in trunk(tr.ref.lm).named_parameters()}
+    return [n for n, p in trunk(tr.critic.model).named_parameters() if not lora.is_adapter_key(n)
+            and p.data_ptr() != ref[n.replace(".base_layer.", ".")].data_ptr()]
+
+
+@pytest.mark.parametrize("variant", ["lora", "frozen"])
+def test_the_critics_body_is_the_references_and_only_what_should_train_does(tmp_path, variant):
+    tr = PPOTrainer(_config(tmp_path, variant, iterations=3), verifier=length_reward)
+    assert _body_shares_the_references_storage(tr) == []
+    assert all(p.requires_grad for p in tr.policy.lm.parameters())  # the policy trains in full
+    trained = {n for n, p in tr.critic.model.named_parameters() if p.requires_grad}
+    heads = {"score.weight", "score.bias"}
+    if variant == "frozen":
+        assert trained == heads
+    else:
+        assert heads < trained and all(lora.is_adapter_key(n) for n in trained - heads)
+    before = {n: p.detach().clone() for n, p in tr.critic.model.named_parameters()}
+    ref_before = {n: p.detach().clone() for n, p in tr.ref.lm.named_parameters()}
+    history = tr.train()
+    after = dict(tr.critic.model.named_parameters())
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    assert moved == trained  # every trained tensor moved, no frozen one did
+    assert all(torch.equal(p, ref_before[n]) for n, p in tr.ref.lm.named_parameters())
+    assert history[-1]["value_loss"] > 0 and "grad_norm_critic" in history[-1]
+
+
+def test_a_frozen_critics_values_are_its_head_on_the_references_features(tmp_path):
+    tr = PPOTrainer(_config(tmp_path, "frozen", iterations=2), verifier=length_reward)
+    tr.train()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, len(tr.tokenizer), (4, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    with torch.no_grad():
+        values = tr.critic(ids, mask, 5)
+        features = _hidden(trunk(tr.ref.lm), ids, mask, 4)
+        expected = scalar_head(tr.critic.model)(features).squeeze(-1)
+    valid = mask[:, 4:].bool()
+    assert torch.allclose(values.where(valid, 0), expected.where(valid, 0), atol=1e-6, rtol=0)
+    assert expected.where(valid, 0).abs().max() > 0  # the head has moved off its zero start
+
+
+def _metrics(path):
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in rows]
+
+
+@pytest.mark.parametrize("variant", ["lora", "frozen"])
+def test_resume_equals_uninterrupted(tmp_path, variant):
+    kw = dict(log__save_every=1, optim__epochs=1)
+    PPOTrainer(_config(tmp_path / "full", variant, iterations=2, **kw), verifier=length_reward).train()
+    PPOTrainer(_config(tmp_path / "part", variant, iterations=1, **kw), verifier=length_reward).train()
+    PPOTrainer(_config(tmp_path / "part", variant, iterations=2, resume=True, **kw), verifier=length_reward).train()
+    assert _metrics(tmp_path / "full") == _metrics(tmp_path / "part")
+
+
+def test_a_frozen_critic_with_adapters_is_refused_before_anything_loads(tmp_path):
+    cfg = tiny_config(tmp_path, model__critic="frozen", model__critic_lora_r=4)
+    with pytest.raises(ConfigError, match="`model.critic_lora_r`=4 with `model.critic`='frozen'"):
+        validate_config(cfg, 1)
+
+
+@pytest.mark.parametrize("over, field, match", [
+    (dict(model__critic="shared", model__critic_lora_r=4), "model.critic_lora_r", "only a separate critic"),
+    (dict(algo__estimator="grpo", rollout__samples_per_prompt=2, model__critic_lora_r=4), "model.critic_lora_r",
+     "has no critic"),
+    (dict(model__lora_alpha=8.0), "model.lora_alpha", "no critic has adapters"),
+    (dict(model__critic="frozen", model__value_grad_scale=0.5), "model.value_grad_scale", "a frozen critic"),
+])
+def test_a_critic_setting_nothing_uses_is_named(tmp_path, over, field, match):
+    from ppo_lm.config.unused import unused_settings
+
+    found = {u.field: u for u in unused_settings(tiny_config(tmp_path, **over))}
+    assert field in found and found[field].refused
+    assert match in found[field].message
+
+
+def test_critic_adapters_use_the_lora_settings(tmp_path):
+    from ppo_lm.config.unused import unused_settings
+
+    cfg = tiny_config(tmp_path, model__critic_lora_r=4, model__lora_alpha=8.0)
+    assert not [u for u in unused_settings(cfg) if u.field.startswith("model.")]
