@@ -245,3 +245,62 @@ def test_w1_asynchronous_times_the_learners_wall_clock(capsys):
     r = _run(capsys, "--workload", "w1", "--threads", "1", "--max-staleness", "1", "--producer-threads", "1")
     assert KEYS <= set(r) and r["max_staleness"] == 1 and r["producer_threads"] == 1
     assert r["episodes_per_s"] == pytest.approx(bench_workloads.TINY.batch / r["s_per_iteration"], rel=1e-2)
+
+
+@pytest.mark.parametrize("setup, fields", [
+    (bench_workloads.CriticSetup(kind="frozen"), ("frozen", None, None, "reward")),
+    (bench_workloads.CriticSetup(lora_r=16, epochs=1), ("separate", 16, 1, "reward")),
+    (bench_workloads.CriticSetup(kind="shared"), ("shared", None, None, "auto")),
+])
+def test_a_critic_variant_reaches_the_config_and_passes_its_checks(tmp_path, setup, fields):
+    from ppo_lm.config.unused import unused_settings
+
+    cfg = bench_workloads.make_config("w1", bench_workloads.W1_SHAPE, ("p", "r", "t"), str(tmp_path), 2, 2,
+                                      critic=setup)
+    m = cfg.model
+    assert (m.critic, m.critic_lora_r, cfg.optim.critic_epochs, m.critic_init) == fields
+    assert not [u for u in unused_settings(cfg) if u.refused]
+
+
+def test_reinforce_pp_runs_the_workload_without_a_critics_settings(tmp_path):
+    from ppo_lm.config.unused import unused_settings
+
+    cfg = bench_workloads.make_config("w1", bench_workloads.W1_SHAPE, ("p", "r", "t"), str(tmp_path), 2, 2,
+                                      critic=bench_workloads.CriticSetup(estimator="reinforce++"))
+    assert cfg.algo.estimator == "reinforce++" and cfg.rollout.samples_per_prompt == 1
+    assert not [u for u in unused_settings(cfg) if u.refused]
+
+
+def test_the_flop_count_follows_the_critic():
+    """Per episode: a separate critic scores once and trains 3 forwards' worth per epoch; adapters on a
+    frozen body 2; a frozen body's head 1; a shared head and no critic add nothing to the critic's count."""
+    W, C = bench_workloads, bench_workloads.CriticSetup
+    s = W.W1_SHAPE
+    crit = W.forward_flops(s, 96, 96 * 97 / 2, 65, 1)
+    base = W.iteration_flops(s, [64], critic=C(estimator="reinforce++"))
+    assert W.iteration_flops(s, [64], critic=C(kind="shared")) == base
+    for setup, per_epoch in ((C(), 3), (C(lora_r=8), 2), (C(kind="frozen"), 1)):
+        f = W.iteration_flops(s, [64], critic=setup)
+        assert f["score"] - base["score"] == pytest.approx(crit)
+        assert f["update"] - base["update"] == pytest.approx(4 * per_epoch * crit)
+    assert C(lora_r=4, epochs=1).label() == "separate, LoRA r 4, 1 epoch" and C(epochs=2).label() == "separate, 2 epochs"
+    one = W.iteration_flops(s, [64], critic=C(epochs=1))
+    assert one["update"] - base["update"] == pytest.approx(3 * crit)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--estimator", "reinforce++", "--critic", "frozen"], "--estimator reinforce++ has no critic"),
+    (["--critic", "frozen", "--critic-lora-r", "8"], "--critic-lora-r puts adapters on a separate critic"),
+    (["--critic-epochs", "0"], "--critic-epochs must be >= 1, got 0"),
+])
+def test_critic_flags_that_do_not_fit_are_one_line(capsys, argv, message):
+    assert main(["bench", "--tiny", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, label", [(["--critic", "frozen"], "frozen"),
+                                         (["--estimator", "reinforce++"], "none (reinforce++)")])
+def test_a_critic_variant_runs_and_says_which(capsys, argv, label):
+    r = _run(capsys, "--workload", "w1", "--warmup", "0", "--threads", "1", *argv)
+    assert r["critic"] == label and r["episodes_per_s"] > 0 and r["update_s"] > 0

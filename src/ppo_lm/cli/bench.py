@@ -29,9 +29,11 @@ import torch
 
 from ..runtime import peak
 from .bench_workloads import (
+    SEPARATE,
     TINY,
     W1_SHAPE,
     W3_SHAPE,
+    CriticSetup,
     Shape,
     iteration_flops,
     make_config,
@@ -129,7 +131,7 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
     return out
 
 
-def _timed_iterations(trainer, shape, warmup: int, iterations: int):
+def _timed_iterations(trainer, shape, warmup: int, iterations: int, critic: CriticSetup):
     """Run ``warmup + iterations`` trainer iterations: per-iteration metrics, FLOPs and mean prompt
     lengths, and the host's load over the timed ones."""
     history, flops, prompt_means = [], [], []
@@ -143,7 +145,7 @@ def _timed_iterations(trainer, shape, warmup: int, iterations: int):
         b = done.batch
         lengths = b.response_mask.sum(1).tolist()
         prompt_lengths = b.attention_mask[:, :b.prompt_width].sum(1).tolist()
-        flops.append(iteration_flops(shape, lengths, trainer.cfg.optim.epochs, prompt_lengths))
+        flops.append(iteration_flops(shape, lengths, trainer.cfg.optim.epochs, prompt_lengths, critic))
         prompt_means.append(statistics.mean(prompt_lengths))
     return history, flops, prompt_means, host_load(cpu0, host_cpu(), own_cpu_s() - own0)
 
@@ -188,9 +190,10 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
               compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False,
               cpu_lanes: int | None = None, policy: str | None = None, lora_r: int = 0,
               micro_batch_size: int | None = None, response_length: int | None = None, max_staleness: int = 0,
-              producer_threads: int | None = None) -> dict:
+              producer_threads: int | None = None, critic: CriticSetup = SEPARATE) -> dict:
     """Build the workload, run ``warmup + iterations`` trainer iterations and report throughput
-    (``policy``: W3's model, a ``.gguf`` file or a save_pretrained directory; ``response_length``: W4's).
+    (``policy``: W3's model, a ``.gguf`` file or a save_pretrained directory; ``response_length``: W4's;
+    ``critic``: the critic to run instead of the workload's separate one, or none).
 
     Per-phase seconds are medians over the timed iterations (the ``warmup`` first ones are dropped);
     ``episodes_per_s`` = batch / median ``iteration_s`` (``max_staleness`` ≥ 1: the median wall time of
@@ -220,12 +223,12 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
             paths, rows = save_models(root, shape), random_prompts(n_rows, shape)
         cfg = make_config(workload, shape, paths, str(root / "run"), warmup + iterations, threads, compile_kernels,
                           device, logp_from_sampler, cpu_lanes, lora_r, micro_batch_size, max_staleness,
-                          producer_threads)
+                          producer_threads, critic)
         t_build = time.perf_counter()
         trainer = PPOTrainer(cfg, prompt_rows=rows)
         build_s = time.perf_counter() - t_build
         try:
-            history, flops, prompt_means, load = _timed_iterations(trainer, shape, warmup, iterations)
+            history, flops, prompt_means, load = _timed_iterations(trainer, shape, warmup, iterations, critic)
         finally:
             trainer.source.close()  # an asynchronous producer's process
         rss_mb = peak_rss_mb()  # the trainer's peak, before the optional generate comparison
@@ -261,7 +264,7 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         "cpu_lanes": trainer.learner.lanes.lanes,
         "max_staleness": max_staleness,
         **({"producer_threads": trainer.source.threads} if max_staleness else {}),
-        "lora_r": lora_r, "micro_batch_size": trainer.cfg.optim.micro_batch_size,
+        "lora_r": lora_r, "critic": critic.label(), "micro_batch_size": trainer.cfg.optim.micro_batch_size,
         "peak_rss_mb": round(rss_mb), **load,
         **({"policy": str(policy)} if policy is not None else {}),
         "device": device, "torch": torch.__version__,
@@ -310,6 +313,15 @@ def bench_command(argv: list[str]) -> dict:
                          "correction (docs/async.md); 0: synchronous")
     ap.add_argument("--producer-threads", type=int, default=None, metavar="N",
                     help="rollout.producer_threads with --max-staleness (default: auto)")
+    ap.add_argument("--estimator", choices=["gae", "reinforce++"], default="gae",
+                    help="gae (the workloads' definition) or reinforce++: the same work without a critic")
+    ap.add_argument("--critic", choices=["separate", "shared", "frozen"], default="separate",
+                    help="model.critic: a separate critic (the workloads' definition, from the reward model), a "
+                         "value head on the policy, or a value head on the reward model's frozen body")
+    ap.add_argument("--critic-lora-r", type=int, default=None, metavar="N",
+                    help="model.critic_lora_r: LoRA adapters of rank N on the separate critic's frozen body")
+    ap.add_argument("--critic-epochs", type=int, default=None, metavar="N",
+                    help="optim.critic_epochs: the critic's passes over each rollout (default: the policy's 4)")
     ap.add_argument("--device", default="cpu", help="cpu (W1's definition) or cuda / cuda:N")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests only
     args = ap.parse_args(argv)
@@ -327,6 +339,7 @@ def bench_command(argv: list[str]) -> dict:
         raise UsageError("--producer-threads takes a number >= 1, with --max-staleness >= 1")
     if args.micro_batch_size is not None and args.micro_batch_size < 0:
         raise UsageError(f"--micro-batch-size must be >= 0, got {args.micro_batch_size}")
+    critic = critic_setup(args)
     if args.response_length is not None:
         if args.workload != "w4":
             raise UsageError(f"--response-length is for --workload w4; {args.workload} has its own")
@@ -356,7 +369,23 @@ def bench_command(argv: list[str]) -> dict:
                      device=args.device, logp_from_sampler=args.logp_from_sampler, cpu_lanes=args.cpu_lanes,
                      lora_r=args.lora_r, micro_batch_size=args.micro_batch_size,
                      policy=args.policy, response_length=args.response_length, max_staleness=args.max_staleness,
-                     producer_threads=args.producer_threads)
+                     producer_threads=args.producer_threads, critic=critic)
+
+
+def critic_setup(args) -> CriticSetup:
+    """The --estimator/--critic/--critic-lora-r/--critic-epochs flags as a :class:`CriticSetup`, or a
+    UsageError naming the flag that does not fit."""
+    from ..runtime.errors import UsageError
+
+    for flag, value in (("--critic-lora-r", args.critic_lora_r), ("--critic-epochs", args.critic_epochs)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.estimator != "gae" and (args.critic != "separate" or args.critic_lora_r or args.critic_epochs):
+        raise UsageError(f"--estimator {args.estimator} has no critic; leave out --critic, --critic-lora-r and "
+                         "--critic-epochs")
+    if args.critic_lora_r and args.critic != "separate":
+        raise UsageError(f"--critic-lora-r puts adapters on a separate critic; --critic is {args.critic}")
+    return CriticSetup(args.estimator, args.critic, args.critic_lora_r, args.critic_epochs)
 
 
 def cmd_bench(argv: list[str]) -> int:

@@ -175,19 +175,53 @@ def save_w3_reward(policy: str, root: Path, seed: int = 0):
     return str(root / "reward"), config
 
 
+@dataclass(frozen=True)
+class CriticSetup:
+    """The critic a workload runs with (docs/critic.md, "What a critic costs"): ``estimator`` (gae, or
+    reinforce++ without a critic, in the same layout), ``kind`` (``model.critic``), ``lora_r``
+    (``model.critic_lora_r``; None: ``model.lora_r``) and ``epochs`` (``optim.critic_epochs``; None: the
+    policy's). The default is the workloads' definition: a separate critic from the reward model."""
+
+    estimator: str = "gae"
+    kind: str = "separate"
+    lora_r: int | None = None
+    epochs: int | None = None
+
+    @property
+    def has_critic(self) -> bool:
+        return self.estimator == "gae"
+
+    def label(self) -> str:
+        """``separate``, ``frozen``, ``separate, LoRA r 16, 1 epoch``, or ``none (reinforce++)``."""
+        if not self.has_critic:
+            return f"none ({self.estimator})"
+        parts = [self.kind] + ([f"LoRA r {self.lora_r}"] if self.lora_r else [])
+        parts += [f"{self.epochs} epoch{'s' * (self.epochs != 1)}"] if self.epochs else []
+        return ", ".join(parts)
+
+
+SEPARATE = CriticSetup()
+"""The workloads' own critic: separate, from the reward model."""
+
+
 def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None], output_dir: str, iterations: int,
                 threads: int, compile_kernels: bool = False, device: str = "cpu", logp_from_sampler: bool = False,
                 cpu_lanes: int | None = None, lora_r: int = 0, micro_batch_size: int | None = None,
-                max_staleness: int = 0, producer_threads: int | None = None):
+                max_staleness: int = 0, producer_threads: int | None = None, critic: CriticSetup = SEPARATE):
     """The workload as a TrainConfig (``paths`` = policy, reward model, tokenizer directories; W3's
     tokenizer is None: the policy's own; ``micro_batch_size``: ``optim.micro_batch_size``, None: the
     library's default, auto — the whole minibatch for W1/W2/W4's models, W3 with LoRA splits it;
-    ``max_staleness`` ≥ 1: asynchronous, with the ``tis`` correction and ``producer_threads`` (None: auto))."""
+    ``max_staleness`` ≥ 1: asynchronous, with the ``tis`` correction and ``producer_threads`` (None: auto);
+    ``critic``: another critic than the workloads' separate one, or none)."""
     from ..config.train import TrainConfig
 
     cfg = TrainConfig(output_dir=output_dir, iterations=iterations, seed=0, threads=threads)
     m, r, a, o, log = cfg.model, cfg.rollout, cfg.algo, cfg.optim, cfg.log
-    (m.policy, m.reward, m.tokenizer), m.critic, m.critic_init = paths, "separate", "reward"
+    m.policy, m.reward, m.tokenizer = paths
+    if critic.has_critic:
+        m.critic, m.critic_lora_r, o.critic_epochs = critic.kind, critic.lora_r, critic.epochs
+        if critic.kind != "shared":
+            m.critic_init = "reward"
     m.dtype, m.device, m.compile_kernels = "float32", device, compile_kernels
     cfg.rollout.logp_from_sampler = logp_from_sampler
     if max_staleness:
@@ -203,12 +237,16 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None],
         r.min_new_tokens = shape.response_len  # stop tokens are never sampled: exactly R tokens, as TRL's
     else:
         r.stop_tokens = [f"w{i}" for i in range(max(shape.vocab // 16 - 1, 1))]  # + EOS: ≈ 1/16 per step
-    a.estimator, a.kl_coef, a.kl_estimator, a.kl_in = "gae", 0.05, "k1", "reward"
-    a.clip_eps, a.value_clip_eps, a.vf_coef, a.gamma, a.gae_lambda = 0.2, 0.2, 0.1, 1.0, 0.95
+    a.estimator, a.kl_coef, a.kl_estimator, a.kl_in = critic.estimator, 0.05, "k1", "reward"
+    a.clip_eps, a.gamma = 0.2, 1.0
+    if critic.has_critic:
+        a.value_clip_eps, a.vf_coef, a.gae_lambda = 0.2, 0.1, 0.95
     o.epochs, o.num_minibatches = 4, 2
     if micro_batch_size is not None:
         o.micro_batch_size = micro_batch_size
-    o.actor_lr = o.critic_lr = 1e-6 if workload == "w3" else 1e-5  # the peers' rates; they do not change the work
+    o.actor_lr = 1e-6 if workload == "w3" else 1e-5  # the peers' rates; they do not change the work
+    if critic.has_critic:
+        o.critic_lr = o.actor_lr
     log.progress, log.tensorboard, log.save_every, log.sample_every = False, False, 0, 0
     return cfg
 
@@ -224,25 +262,39 @@ def forward_flops(shape: Shape, tokens: float, attn_pairs: float, head_tokens: f
     return 2 * tokens * per_token + 4 * L * d * attn_pairs + 2 * head_tokens * d * head_out
 
 
+def critic_passes(critic: CriticSetup, epochs: int) -> tuple[int, float]:
+    """(scoring forwards, update cost in forwards) of the critic's body per iteration: a separate
+    critic trains its body, forward + backward = 3 forwards per epoch; one with a frozen body and
+    adapters skips the body's weight gradients (2: a forward and the activation gradients, the
+    adapters' own are small); a frozen critic's head alone trains (1: the forward; the head's backward
+    is negligible); a shared head rides on the policy's forwards and no critic has none."""
+    if not critic.has_critic or critic.kind == "shared":
+        return 0, 0.0
+    per_epoch = 1.0 if critic.kind == "frozen" else 2.0 if critic.lora_r else 3.0
+    return 1, per_epoch * (critic.epochs or epochs)
+
+
 def iteration_flops(shape: Shape, lengths: list[int], epochs: int = 4,
-                    prompt_lengths: list[int] | None = None) -> dict[str, float]:
+                    prompt_lengths: list[int] | None = None, critic: CriticSetup = SEPARATE) -> dict[str, float]:
     """Useful FLOPs of one PPO iteration for responses of ``lengths`` (padding excluded); prompts of
     ``shape.prompt_len`` tokens, or of ``prompt_lengths`` (one per episode) where they vary (W3).
 
     Per episode with prompt p and response r, S = p + r:
       generate: prefill + r − 1 decode steps = a causal forward over S − 1 tokens, vocab head on r;
-      score: policy and reference (vocab head on r), critic (scalar head on r + 1), reward (1 token):
-        four causal forwards over S tokens;
-      update: ``epochs`` × (policy + critic) forward + backward, backward = 2 × forward.
+      score: policy and reference (vocab head on r), the critic (scalar head on r + 1), reward (1
+        token): causal forwards over S tokens;
+      update: ``epochs`` × the policy's forward + backward (backward = 2 × forward), and the critic's
+        body as :func:`critic_passes` counts it (separate: ``epochs`` × 3 forwards).
     """
     V = shape.vocab
     gen = score = upd = 0.0
+    critic_scores, critic_update = critic_passes(critic, epochs)
     for r, p in zip(lengths, prompt_lengths or [shape.prompt_len] * len(lengths)):
         s = p + r
         pairs = s * (s + 1) / 2
         gen += forward_flops(shape, s - 1, (s - 1) * s / 2, r, V)
         pol = forward_flops(shape, s, pairs, r, V)
         crit = forward_flops(shape, s, pairs, r + 1, 1)
-        score += 2 * pol + crit + forward_flops(shape, s, pairs, 1, 1)
-        upd += epochs * 3 * (pol + crit)
+        score += 2 * pol + critic_scores * crit + forward_flops(shape, s, pairs, 1, 1)
+        upd += epochs * 3 * pol + critic_update * crit
     return {"generate": gen, "score": score, "update": upd, "total": gen + score + upd}
