@@ -23,18 +23,22 @@ from pathlib import Path
 
 TINY = ["--model.builtin-hidden-size", "32", "--data.builtin-num-prompts", "64", "--rollout.num-prompts", "8",
         "--log.no-tensorboard", "--log.no-progress", "--log.save-every", "1", "--threads", "1"]
+SEPARATE = ["--model.critic", "separate"]  # pinned: the built-in model's `auto` critic changed on 2026-12-06
 RUNS: dict[str, list[str]] = {
-    "gae": ["--iterations", "3"],
+    "gae": ["--iterations", "3", *SEPARATE],
     "grpo-groups": ["--iterations", "3", "--algo.estimator", "grpo", "--rollout.samples-per-prompt", "4"],
-    "multi-turn": ["--iterations", "3", "--rollout.env", "builtin:equations_retry", "--rollout.max-turns", "3"],
-    "lora": ["--iterations", "3", "--model.lora-r", "4"],
+    "multi-turn": ["--iterations", "3", "--rollout.env", "builtin:equations_retry", "--rollout.max-turns", "3",
+                   *SEPARATE],
+    "lora": ["--iterations", "3", "--model.lora-r", "4", *SEPARATE],
     "eval": ["--iterations", "2", "--data.eval-prompts", "builtin:equations", "--data.builtin-eval-prompts", "16",
-             "--log.eval-every", "1"],
+             "--log.eval-every", "1", *SEPARATE],
     "multi-turn-eval": ["--iterations", "2", "--rollout.env", "builtin:equations_retry", "--rollout.max-turns", "2",
                         "--data.eval-prompts", "builtin:equations", "--data.builtin-eval-prompts", "8",
-                        "--log.eval-every", "1", "--log.eval-samples", "2"],
-    "sampler-logp": ["--iterations", "3", "--rollout.logp-from-sampler", "true"],
-    "shared-critic": ["--iterations", "3", "--model.critic", "shared", "--rollout.missing-eos-penalty", "0.5"],
+                        "--log.eval-every", "1", "--log.eval-samples", "2", *SEPARATE],
+    "sampler-logp": ["--iterations", "3", "--rollout.logp-from-sampler", "true", *SEPARATE],
+    "shared-critic": ["--iterations", "3", "--model.critic", "shared", "--model.value-grad-scale", "1.0",
+                      "--rollout.missing-eos-penalty", "0.5"],
+    "shared-head": ["--iterations", "3", "--model.critic", "shared", "--model.value-grad-scale", "0.0"],
 }
 RESUMED = "resume"  # "gae" stopped after 2 iterations, then resumed to 3
 TWO_RANKS = "two-ranks"
@@ -75,10 +79,10 @@ def run_all(names: list[str]) -> dict:
         for name in names:
             print(f"  {name}", flush=True)
             if name == RESUMED:
-                _train(["--iterations", "2"], root / name)
-                _train(["--iterations", "3", "--resume"], root / name)
+                _train(["--iterations", "2", *SEPARATE], root / name)
+                _train(["--iterations", "3", "--resume", *SEPARATE], root / name)
             elif name == TWO_RANKS:
-                _train(["--iterations", "2"], root / name, ranks=2)
+                _train(["--iterations", "2", *SEPARATE], root / name, ranks=2)
             else:
                 _train(RUNS[name], root / name)
             out[name] = _record(root / name)

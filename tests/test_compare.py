@@ -45,7 +45,9 @@ def test_compare_writes_the_summary_the_table_and_the_curves(tmp_path, monkeypat
         assert r["wall_s"] == 1.5 and r["peak_rss_mb"] == 100.0
     # one start and one held-out set: greedy accuracy before training is the same in every run
     assert len({r["accuracy_before"] for r in s["runs"]}) == 1
-    assert s["estimators"]["gae"]["models_held"] == ["policy", "reference", "critic"]
+    # GAE's critic on the built-in model: `auto` resolves to a value head on the policy (read back from
+    # the run's checkpoint, which holds value_head.safetensors)
+    assert s["estimators"]["gae"]["models_held"] == ["policy", "reference", "value head"]
     assert s["estimators"]["grpo"]["models_held"] == ["policy", "reference"]
     g = s["estimators"]["grpo"]
     after = [r["accuracy_after"] for r in s["runs"] if r["estimator"] == "grpo"]
@@ -54,7 +56,7 @@ def test_compare_writes_the_summary_the_table_and_the_curves(tmp_path, monkeypat
     md = (out / "summary.md").read_text()
     rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| estimator")]
     assert [r.split("|")[1:3] for r in rows] == [[" gae ", " 8 × 1 "], [" grpo ", " 4 × 2 "]]
-    assert "| 3 (policy, reference, critic) | " in rows[0] and rows[1].endswith("| 2 (policy, reference) | — |")
+    assert "| 3 (policy, reference, value head) | " in rows[0] and rows[1].endswith("| 2 (policy, reference) | — |")
     # the critic's diagnostics: GAE's runs have them (the cell's figures: the tests below), GRPO's none
     assert all((r["critic"] is None) == (r["estimator"] == "grpo") for r in s["runs"])
     assert not rows[0].endswith("| — |")

@@ -110,3 +110,25 @@ def test_critic_adapters_use_the_lora_settings(tmp_path):
 
     cfg = tiny_config(tmp_path, model__critic_lora_r=4, model__lora_alpha=8.0)
     assert not [u for u in unused_settings(cfg) if u.field.startswith("model.")]
+
+
+def test_auto_gives_a_small_policy_a_value_head_that_trains_alone(tmp_path):
+    tr = PPOTrainer(tiny_config(tmp_path, model__critic="auto"), verifier=length_reward)
+    assert tr.critic is None and tr.policy.value_head is not None and tr.policy.value_grad_scale == 0.0
+    assert tr.sized.values["model.critic"] == "shared"
+    trunk_before = {n: p.detach().clone() for n, p in tr.policy.lm.named_parameters()}
+    tr.learner.zero_grad()
+    batch = tr.rollout(1)
+    from ppo_lm.trainer.update import ppo_update  # the value loss alone: the policy's trunk gets no gradient
+
+    tr.cfg.optim.epochs = 1
+    ppo_update(tr.learner, batch.with_targets(torch.zeros_like(batch.logp_old), torch.ones_like(batch.logp_old), None),
+               tr.cfg, tr.shuffle_gen, train_policy=False)
+    assert all(torch.equal(p, trunk_before[n]) for n, p in tr.policy.lm.named_parameters())
+    assert tr.policy.value_head.bias.abs().item() > 0  # the head moved toward the returns of 1
+
+
+def test_a_setting_the_auto_critic_ignores_is_named_once_the_policy_loads(tmp_path):
+    cfg = tiny_config(tmp_path, model__critic="auto", model__critic_lora_r=4)
+    with pytest.raises(ConfigError, match="`model.critic_lora_r`=4 is unused.*auto resolved to 'shared'"):
+        PPOTrainer(cfg, verifier=length_reward)

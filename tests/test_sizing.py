@@ -18,11 +18,12 @@ def test_auto_resolves_by_parameter_count_and_leaves_given_values_alone():
     small = resolve_auto(cfg, 140_000)
     assert (small.cfg.optim.actor_lr, small.cfg.optim.critic_lr, small.cfg.rollout.max_new_tokens) == (3e-4, 1e-3, 8)
     assert small.cfg.algo.bootstrap_truncated is True
+    assert small.cfg.model.critic == "shared" and small.values["model.critic"] == "shared"
     large = resolve_auto(cfg, LARGE_MODEL_PARAMETERS)
     assert (large.cfg.optim.actor_lr, large.cfg.optim.critic_lr, large.cfg.rollout.max_new_tokens) == (1e-6, 1e-4, 128)
     assert large.cfg.algo.bootstrap_truncated is False
     assert large.values == {"optim.actor_lr": 1e-6, "optim.critic_lr": 1e-4, "rollout.max_new_tokens": 128,
-                            "algo.bootstrap_truncated": False}
+                            "algo.bootstrap_truncated": False, "model.critic": "separate"}
     assert "134.52 M parameters, ≥ 10 M: large model" in resolve_auto(cfg, 134_515_008).reason
     billion = resolve_auto(cfg, BILLION_PARAMETERS)
     assert (billion.cfg.optim.critic_lr, billion.cfg.algo.bootstrap_truncated) == (1e-5, False)
@@ -34,9 +35,10 @@ def test_auto_resolves_by_parameter_count_and_leaves_given_values_alone():
     assert resolve_auto(cfg, 10**8).cfg.optim.actor_lr == LARGE.actor_lr_lora == 1e-5
     assert resolve_auto(cfg, 10**5).cfg.optim.actor_lr == SMALL.actor_lr_lora
     cfg.optim.actor_lr, cfg.rollout.max_new_tokens, cfg.algo.bootstrap_truncated = 2e-6, 32, True
+    cfg.model.critic = "frozen"
     given = resolve_auto(cfg, 10**8)
     assert (given.cfg.optim.actor_lr, given.cfg.rollout.max_new_tokens) == (2e-6, 32)
-    assert given.cfg.algo.bootstrap_truncated is True
+    assert given.cfg.algo.bootstrap_truncated is True and given.cfg.model.critic == "frozen"
     assert given.values == {"optim.critic_lr": 1e-4}
 
 

@@ -79,7 +79,8 @@ GRPO = {"algo__estimator": "grpo", "rollout__samples_per_prompt": 2}
     ({"algo__critic_target": "score", "algo__kl_in": "loss"}, "algo.critic_target", "the KL is not in the reward"),
     ({"algo__adaptive_kl_horizon": 500.0}, "algo.adaptive_kl_horizon", "`algo.adaptive_kl_target` is not set"),
     ({"algo__policy_loss": "pg", "algo__clip_eps_high": 0.28}, "algo.clip_eps_high", "'pg' does not clip"),
-    ({"model__value_grad_scale": 0.5}, "model.value_grad_scale", "a separate critic"),
+    ({"model__critic": "separate", "model__value_grad_scale": 0.5}, "model.value_grad_scale", "a separate critic"),
+    ({"model__critic": "frozen", "model__value_grad_scale": 0.5}, "model.value_grad_scale", "a frozen critic"),
     # LoRA, processes, logging
     ({"model__lora_alpha": 16.0}, "model.lora_alpha", "`model.lora_r` is 0"),
     ({"model__lora_target_modules": ["q_proj"]}, "model.lora_target_modules", "`model.lora_r` is 0"),

@@ -380,12 +380,13 @@ def critic_setup(args) -> CriticSetup:
     for flag, value in (("--critic-lora-r", args.critic_lora_r), ("--critic-epochs", args.critic_epochs)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
-    if args.estimator != "gae" and (args.critic != "separate" or args.critic_lora_r or args.critic_epochs):
+    setup = CriticSetup(args.estimator, args.critic, args.critic_lora_r, args.critic_epochs)
+    if not setup.has_critic and (args.critic != "separate" or args.critic_lora_r or args.critic_epochs):
         raise UsageError(f"--estimator {args.estimator} has no critic; leave out --critic, --critic-lora-r and "
                          "--critic-epochs")
     if args.critic_lora_r and args.critic != "separate":
         raise UsageError(f"--critic-lora-r puts adapters on a separate critic; --critic is {args.critic}")
-    return CriticSetup(args.estimator, args.critic, args.critic_lora_r, args.critic_epochs)
+    return setup
 
 
 def cmd_bench(argv: list[str]) -> int:

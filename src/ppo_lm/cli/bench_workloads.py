@@ -189,7 +189,9 @@ class CriticSetup:
 
     @property
     def has_critic(self) -> bool:
-        return self.estimator == "gae"
+        from ..algorithms.registry import get_advantage_estimator
+
+        return get_advantage_estimator(self.estimator).needs_critic
 
     def label(self) -> str:
         """``separate``, ``frozen``, ``separate, LoRA r 16, 1 epoch``, or ``none (reinforce++)``."""

@@ -270,6 +270,20 @@ def run_config(cfg: CompareConfig, estimator: str, seed: int) -> TrainConfig:
     return run
 
 
+def critic_of(run: TrainConfig) -> str | None:
+    """The kind an ``auto`` ``model.critic`` resolved to in a finished run, read from its last checkpoint
+    (a shared critic saves value_head.safetensors, a separate one critic/); None where the run named it."""
+    from ..records.checkpoint import latest_checkpoint
+
+    if run.model.critic != "auto":
+        return None
+    found = latest_checkpoint(run.output_dir)
+    if found is None:
+        return None
+    path = found[1]
+    return "shared" if (path / "value_head.safetensors").is_file() else "separate" if (path / "critic").is_dir() else None
+
+
 def _eval_source(cfg: CompareConfig, run: TrainConfig) -> str:
     """The held-out prompts of the runs, in words."""
     if run.data.eval_prompts != str(Path(cfg.output_dir) / "heldout.jsonl"):
@@ -327,7 +341,7 @@ def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:
             wall, rss = run_one(run, out / "runs" / f"{name}.yaml", out / "logs" / f"{name}.log")
             r = run_record(Path(run.output_dir) / "metrics.jsonl",
                            run.rollout.num_prompts * run.rollout.samples_per_prompt)
-            r.update(estimator=est, seed=seed, wall_s=wall, peak_rss_mb=rss, models_held=models_held(run),
+            r.update(estimator=est, seed=seed, wall_s=wall, peak_rss_mb=rss, models_held=models_held(run, critic_of(run)),
                      run_dir=run.output_dir)
             runs.append(r)
             env = run.rollout.env

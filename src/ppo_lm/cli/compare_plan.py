@@ -121,18 +121,22 @@ def read_file_settings(path: str) -> tuple[dict, dict[str, dict]]:
     return data, {name: section or {} for name, section in sections.items()}
 
 
-def models_held(run: TrainConfig) -> list[str]:
+def models_held(run: TrainConfig, critic: str | None = None) -> list[str]:
     """The models a run holds in memory: the policy, its frozen reference (not a second copy with LoRA:
-    the policy with its adapters off), a critic for estimators that need one (a separate model, or a
-    value head on the policy), and each reward model of `model.reward`."""
+    the policy with its adapters off), a critic for estimators that need one (a separate model, its
+    adapters or its value head on a frozen body, or a value head on the policy), and each reward model
+    of `model.reward`. ``critic``: the kind an ``auto`` ``model.critic`` resolved to in the run."""
+    import dataclasses
+
     from ..algorithms.registry import get_advantage_estimator
     from ..config.specs import is_model_path, reward_specs
 
     held = ["policy"] if getattr(run.model, "lora_r", 0) else ["policy", "reference"]
     if get_advantage_estimator(run.algo.estimator).needs_critic:
-        m = run.model
+        m = run.model if critic is None else dataclasses.replace(run.model, critic=critic)
         held.append("value head" if m.critic == "shared" else "critic's value head on a frozen body"
-                    if m.critic == "frozen" else "critic's adapters" if m.critic_adapter_rank else "critic")
+                    if m.critic == "frozen" else "critic's adapters" if m.critic_adapter_rank
+                    else "critic" if m.critic == "separate" else "critic (auto)")
     held += ["reward model" for spec, _ in reward_specs(run.model) if is_model_path(spec)]
     return held
 

@@ -3,7 +3,7 @@
 A learning rate that trains the 0.14 M-parameter built-in model in minutes (3e-4) moves a pretrained
 135 M-parameter instruct model 25 nats per response away from where it started in one iteration, and a
 response limit of 8 tokens cuts every answer of such a model short. So ``optim.actor_lr``,
-``optim.critic_lr``, ``rollout.max_new_tokens`` and ``algo.bootstrap_truncated`` default to ``"auto"``,
+``optim.critic_lr``, ``rollout.max_new_tokens``, ``algo.bootstrap_truncated`` and ``model.critic`` default to ``"auto"``,
 which :func:`resolve_auto` resolves from the policy's parameter count once it is loaded: a model below
 :data:`LARGE_MODEL_PARAMETERS` takes :data:`SMALL` (the values the built-in task was tuned with), a
 larger one :data:`LARGE` (verl's actor rate, ten times it with LoRA adapters, which start from zero; a
@@ -29,7 +29,7 @@ LARGE_MODEL_PARAMETERS = 10_000_000
 """Policies with at least this many parameters (embeddings included) take :data:`LARGE`."""
 BILLION_PARAMETERS = 1_000_000_000
 """Policies with at least this many parameters take :data:`BILLION`."""
-CRITIC_SETTINGS = ("optim.critic_lr", "algo.bootstrap_truncated")
+CRITIC_SETTINGS = ("model.critic", "optim.critic_lr", "algo.bootstrap_truncated")
 """Resolved for every run, listed in the banner only where the estimator has a critic."""
 
 
@@ -47,10 +47,15 @@ class SizeProfile:
     model's early responses run into the limit and the reward scores them as they stand; there a
     bootstrapped critic chased its own value on SmolLM2 (docs/critic.md "Truncated responses"), while on
     the built-in task, with under 1 % cut, the bootstrap measured better (the same section)."""
+    critic: str = "separate"
+    """``model.critic``: on the built-in task a value head on the policy's features (``shared``, with
+    the default ``value_grad_scale`` 0) learned as much per sampled token as a separate critic, in a
+    critic-free run's time (docs/critic.md "What a critic costs"); a pretrained model keeps the
+    separate critic, which learned on both of its tasks, until a cheaper one is measured there."""
 
 
 SMALL = SizeProfile("small", actor_lr=3e-4, actor_lr_lora=1e-3, critic_lr=1e-3, max_new_tokens=8,
-                    bootstrap_truncated=True)
+                    bootstrap_truncated=True, critic="shared")
 LARGE = SizeProfile("large", actor_lr=1e-6, actor_lr_lora=1e-5, critic_lr=1e-4, max_new_tokens=128,
                     bootstrap_truncated=False)
 BILLION = dataclasses.replace(LARGE, name="billion-scale", critic_lr=1e-5)
@@ -85,8 +90,8 @@ class Resolved:
 
 
 def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) -> Resolved:
-    """``cfg`` with each ``auto`` of ``optim.actor_lr``, ``optim.critic_lr``, ``rollout.max_new_tokens``
-    and ``algo.bootstrap_truncated`` replaced by the value of the policy's size class
+    """``cfg`` with each ``auto`` of ``optim.actor_lr``, ``optim.critic_lr``, ``rollout.max_new_tokens``,
+    ``algo.bootstrap_truncated`` and ``model.critic`` replaced by the value of the policy's size class
     (:func:`profile_for`); ``context``: the policy's max_position_embeddings, which an ``auto`` response
     limit leaves at least half of to the prompt, and never below ``rollout.min_new_tokens``. The
     critic's settings are listed in ``values`` only where the estimator has a critic."""
@@ -102,6 +107,8 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
         resolved["rollout.max_new_tokens"] = max(limit, r.min_new_tokens)
     if a.bootstrap_truncated == "auto":
         resolved["algo.bootstrap_truncated"] = p.bootstrap_truncated
+    if cfg.model.critic == "auto":
+        resolved["model.critic"] = p.critic
     optim = dataclasses.replace(o, actor_lr=resolved.get("optim.actor_lr", o.actor_lr),
                                 critic_lr=resolved.get("optim.critic_lr", o.critic_lr))
     rollout = dataclasses.replace(r, max_new_tokens=resolved.get("rollout.max_new_tokens", r.max_new_tokens))
@@ -112,7 +119,9 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
     bound = BILLION_PARAMETERS if p is BILLION else LARGE_MODEL_PARAMETERS
     bound_text = f"{bound / 1e9:g} B" if bound >= 1e9 else f"{bound / 1e6:g} M"
     reason = f"policy of {size} parameters, {'<' if p is SMALL else '≥'} {bound_text}: {p.name} model"
-    return Resolved(dataclasses.replace(cfg, optim=optim, rollout=rollout, algo=algo), values, reason, parameters)
+    model = dataclasses.replace(cfg.model, critic=resolved.get("model.critic", cfg.model.critic))
+    return Resolved(dataclasses.replace(cfg, model=model, optim=optim, rollout=rollout, algo=algo), values, reason,
+                    parameters)
 
 
 ACTIVATION_SHARE = 1 / 3

@@ -39,10 +39,12 @@ class ModelConfig:
     gold_reward: str | None = None
     """Optional verifier ('module:function' or 'builtin:equations') scored next to the training reward
     and logged as `gold_score`: with a learned reward model it shows over-optimisation."""
-    critic: Literal["separate", "shared", "frozen"] = "separate"
+    critic: Literal["auto", "separate", "shared", "frozen"] = "auto"
     """'separate': own transformer body + scalar head; 'shared': a value head on the policy trunk;
-    'frozen': a separate critic whose body (`critic_init`'s) never trains, only its value head — a
-    regression on frozen features, the cheapest critic (docs/critic.md, "What a critic costs")."""
+    'frozen': a separate critic whose body (`critic_init`'s) never trains, only its value head. auto:
+    by the policy's size (config/sizing.py): 'shared' below 10 M parameters, where the head on the
+    policy's features learned as well per sampled token as a separate critic at a critic-free run's
+    cost; 'separate' from 10 M (docs/critic.md, "What a critic costs")."""
     critic_lora_r: int | None = setting(None, ge=0)
     """LoRA rank of a separate critic; None = `lora_r`. With r > 0 the critic's body is frozen and held
     by reference, not copied (in full fine-tuning it is the frozen reference's body), and only its
@@ -51,8 +53,10 @@ class ModelConfig:
     critic_init: str = "auto"
     """Separate critic's body: 'auto' (reward model if there is one, else policy), 'policy',
     'reward', or a path to a checkpoint."""
-    value_grad_scale: float = setting(1.0, ge=0, le=1)
-    """Shared critic only: scale of the value-loss gradient that reaches the trunk (0 = head only)."""
+    value_grad_scale: float = setting(0.0, ge=0, le=1)
+    """Shared critic only: scale of the value-loss gradient that reaches the trunk. 0 (the default): the
+    head trains alone on the policy's features, and only the policy loss moves the trunk; 1 on the
+    built-in task learned less (docs/critic.md, "What a critic costs")."""
     builtin_hidden_size: int = setting(64, ge=1)
     """Built-in model only (policy 'builtin'): hidden size; its MLP is 4× as wide. Must be a
     multiple of 2 × builtin_heads (RoPE halves each head)."""
@@ -116,7 +120,7 @@ class ModelConfig:
     def critic_adapter_rank(self) -> int:
         """The LoRA rank of a separate critic's adapters: `critic_lora_r`, else `lora_r`; 0 for a frozen
         critic (its value head alone trains) and for a shared one (its value head is on the policy)."""
-        if self.critic != "separate":
+        if self.critic not in ("separate", "auto"):  # auto: until the policy's size resolves it
             return 0
         return self.lora_r if self.critic_lora_r is None else self.critic_lora_r
 

@@ -102,8 +102,8 @@ def _critic_init_unused(c: TrainConfig, f: Facts) -> str | None:
 
 
 def _separate_critic(c: TrainConfig, f: Facts) -> str | None:
-    if not _spec(c).needs_critic or c.model.critic == "shared":
-        return None  # critic-free: the critic rule says so
+    if not _spec(c).needs_critic or c.model.critic in ("shared", "auto"):
+        return None  # critic-free: the critic rule says so; auto: shared where the policy is small
     return (f"is unused: a {c.model.critic} critic (`model.critic`={c.model.critic!r}) has a body of its own, so "
             "no value-loss gradient reaches the policy's trunk")
 
@@ -259,7 +259,7 @@ def _no_lora(c: TrainConfig, f: Facts) -> str | None:
 def _no_separate_critic(c: TrainConfig, f: Facts) -> str | None:
     if not _spec(c).needs_critic:
         return _no_critic(c, f)
-    if c.model.critic != "separate":
+    if c.model.critic not in ("separate", "auto"):  # auto: separate where the policy is large
         return (f"is unused: `model.critic` is {c.model.critic!r}, and only a separate critic ('separate') takes "
                 "adapters")
     return None

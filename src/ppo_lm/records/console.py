@@ -39,10 +39,12 @@ def parameters(model: nn.Module | None) -> str:
     return f"{size} parameters, {state}"
 
 
-def _short(v: float | bool) -> str:
-    """``3e-4`` rather than ``0.0003``; integers as they are; booleans as in YAML."""
+def _short(v: float | bool | str) -> str:
+    """``3e-4`` rather than ``0.0003``; integers and words as they are; booleans as in YAML."""
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, str):
+        return v
     return f"{v:.0e}".replace("e-0", "e-") if isinstance(v, float) and 0 < abs(v) < 1e-2 else f"{v:g}"
 
 
@@ -65,10 +67,18 @@ def banner(trainer) -> str:
         lines.append("  reference the policy with its adapters off (no copy of the weights)")
     else:
         lines.append(f"  reference frozen copy of the policy: {parameters(trainer.ref)}")
+    m = cfg.model
     if trainer.critic is not None:
-        lines.append(f"  critic    {type(trainer.critic.model).__name__}: {parameters(trainer.critic)}")
+        body = ("" if not m.critic_body_frozen else f"; {m.critic} body, held by reference, not copied (" if
+                m.critic == "frozen" else "; its body frozen, held by reference, not copied (")
+        if m.critic_body_frozen:
+            body += f"{'LoRA r ' + str(m.critic_adapter_rank) + ' and ' if m.critic_adapter_rank else ''}the value head train)"
+        lines.append(f"  critic    {type(trainer.critic.model).__name__}: {parameters(trainer.critic)}{body}")
     elif trainer.models.shared_critic:
-        lines.append("  critic    a value head on the policy's body")
+        scale = m.value_grad_scale
+        lines.append("  critic    shared: a value head on the policy's body, " + (
+            "trained alone (no value-loss gradient reaches the body)" if scale == 0 else
+            f"its value-loss gradient × {scale:g} into the body"))
     envs = trainer.producer.envs
     if envs is not None:
         e = trainer.producer.episodes

@@ -192,6 +192,11 @@ def _budget(s: dict) -> str:
             f"per prompt below){tokens} for every run")
 
 
+def _seconds(x: float) -> str:
+    """Seconds as the table writes them: whole above 10, two significant digits below (a smoke run's)."""
+    return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+
+
 def _budget_cells(summary: dict, name: str, env: str | None) -> list[str]:
     """The held-out cells at equal sampled tokens and at equal training seconds (summary.json's
     ``equal_budgets``); none for a summary without them."""
@@ -208,7 +213,7 @@ def _budget_note(summary: dict) -> str:
         return ""
     t, sec = eq["tokens"], eq["seconds"]
     return (f"\nAt equal budgets: each run's held-out curve read at {_tokens(t['at'])} sampled tokens (where "
-            f"{t['run']} ended) and at {sec['at']:.0f} s of training (where {sec['run']} ended; training seconds "
+            f"{t['run']} ended) and at {_seconds(sec['at'])} s of training (where {sec['run']} ended; training seconds "
             "leave out the process's start-up and model loading), interpolated linearly between the held-out "
             "evaluations, so a value between two evaluations is an estimate.\n")
 
@@ -221,7 +226,7 @@ def summary_markdown(summary: dict) -> str:
     env = s.get("env")
     eq = summary.get("equal_budgets")
     what = "mean return" if env else "accuracy"
-    budget_heads = (f" held-out {what} at {_tokens(eq['tokens']['at'])} tokens | at {eq['seconds']['at']:.0f} s |"
+    budget_heads = (f" held-out {what} at {_tokens(eq['tokens']['at'])} tokens | at {_seconds(eq['seconds']['at'])} s |"
                     if eq else "")
     held_out = (f"environment {env}; held-out mean return: greedy episodes" if env else
                 "held-out accuracy: greedy")

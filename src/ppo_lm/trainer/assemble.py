@@ -18,6 +18,7 @@ from torch import nn
 from ..algorithms import AdaptiveKLController, FixedKLController, get_advantage_estimator
 from ..config import sizing
 from ..config.train import TrainConfig
+from ..config.unused import check_resolved_critic
 from ..config.validate import resolve_algo
 from ..models import kernels, sharding
 from ..models.actor_critic import CriticModel, PolicyModel, RewardScorer
@@ -130,6 +131,7 @@ def build_models(cfg: TrainConfig, pre: Preflight, device: torch.device, *, poli
     # the "auto" learning rates and response limit, by the policy's size (config/sizing.py)
     sized = sizing.resolve_auto(cfg, sum(p.numel() for p in lm.parameters()),
                                 getattr(lm.config, "max_position_embeddings", None))
+    check_resolved_critic(sized.cfg, cfg.model.critic == "auto")
     cfg = sized.cfg
     estimator = get_advantage_estimator(cfg.algo.estimator)
     shared_critic = estimator.needs_critic and cfg.model.critic == "shared"
