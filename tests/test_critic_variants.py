@@ -14,6 +14,7 @@ from ppo_lm.config.validate import validate_config
 from ppo_lm.models import lora
 from ppo_lm.models.actor_critic import _hidden
 from ppo_lm.models.hf_compat import scalar_head, trunk
+from ppo_lm.records.console import banner
 from ppo_lm.records.metrics_log import is_timing_key
 from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.trainer.ppo import PPOTrainer
@@ -37,6 +38,8 @@ def _body_shares_the_references_storage(tr) -> list[str]:
 def test_the_critics_body_is_the_references_and_only_what_should_train_does(tmp_path, variant):
     tr = PPOTrainer(_config(tmp_path, variant, iterations=3), verifier=length_reward)
     assert _body_shares_the_references_storage(tr) == []
+    trains = "LoRA r 4 and the value head train" if variant == "lora" else "the value head trains"
+    assert f"; its body frozen ({trains})" in banner(tr)
     assert all(p.requires_grad for p in tr.policy.lm.parameters())  # the policy trains in full
     trained = {n for n, p in tr.critic.model.named_parameters() if p.requires_grad}
     heads = {"score.weight", "score.bias"}
@@ -116,6 +119,8 @@ def test_auto_gives_a_small_policy_a_value_head_that_trains_alone(tmp_path):
     tr = PPOTrainer(tiny_config(tmp_path, model__critic="auto"), verifier=length_reward)
     assert tr.critic is None and tr.policy.value_head is not None and tr.policy.value_grad_scale == 0.0
     assert tr.sized.values["model.critic"] == "shared"
+    text = banner(tr)
+    assert "critic    shared: a value head on the policy's body, trained alone" in text and "model.critic shared" in text
     trunk_before = {n: p.detach().clone() for n, p in tr.policy.lm.named_parameters()}
     tr.learner.zero_grad()
     batch = tr.rollout(1)

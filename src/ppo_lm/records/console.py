@@ -69,11 +69,11 @@ def banner(trainer) -> str:
         lines.append(f"  reference frozen copy of the policy: {parameters(trainer.ref)}")
     m = cfg.model
     if trainer.critic is not None:
-        body = ("" if not m.critic_body_frozen else f"; {m.critic} body, held by reference, not copied (" if
-                m.critic == "frozen" else "; its body frozen, held by reference, not copied (")
+        line = f"  critic    {type(trainer.critic.model).__name__}: {parameters(trainer.critic)}"
         if m.critic_body_frozen:
-            body += f"{'LoRA r ' + str(m.critic_adapter_rank) + ' and ' if m.critic_adapter_rank else ''}the value head train)"
-        lines.append(f"  critic    {type(trainer.critic.model).__name__}: {parameters(trainer.critic)}{body}")
+            rank = m.critic_adapter_rank
+            line += f"; its body frozen ({f'LoRA r {rank} and the value head train' if rank else 'the value head trains'})"
+        lines.append(line)
     elif trainer.models.shared_critic:
         scale = m.value_grad_scale
         lines.append("  critic    shared: a value head on the policy's body, " + (
