@@ -281,7 +281,9 @@ def critic_of(run: TrainConfig) -> str | None:
     if found is None:
         return None
     path = found[1]
-    return "shared" if (path / "value_head.safetensors").is_file() else "separate" if (path / "critic").is_dir() else None
+    if (path / "value_head.safetensors").is_file():
+        return "shared"
+    return "separate" if (path / "critic").is_dir() else None
 
 
 def _eval_source(cfg: CompareConfig, run: TrainConfig) -> str:

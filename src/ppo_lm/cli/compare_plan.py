@@ -106,16 +106,15 @@ def read_file_settings(path: str) -> tuple[dict, dict[str, dict]]:
             raise ConfigError(f"`per_estimator` must map estimator names to settings, got {sections!r}")
         from_dict(TrainConfig, copy.deepcopy(data))
         for name, section in sections.items():
-            run = from_dict(TrainConfig, copy.deepcopy(section), prefix=f"per_estimator.{name}")
-            given = ((section or {}).get("algo") or {}).get("estimator")
-            if name not in ADVANTAGE_ESTIMATORS and given is None:
+            from_dict(TrainConfig, copy.deepcopy(section), prefix=f"per_estimator.{name}")
+            runs = estimator_of(name, sections)
+            if name not in ADVANTAGE_ESTIMATORS and runs == name:
                 raise ConfigError(f"`per_estimator.{name}`: unknown estimator; choose from "
                                   f"{', '.join(ADVANTAGE_ESTIMATORS)}, or make it a variant by setting "
                                   "`algo.estimator` in it")
-            if name in ADVANTAGE_ESTIMATORS and given not in (None, name):
-                raise ConfigError(f"`per_estimator.{name}.algo.estimator`={given!r}: the section of estimator "
-                                  f"{name!r} cannot run another; name a variant instead (e.g. {given}-{name})")
-            del run
+            if name in ADVANTAGE_ESTIMATORS and runs != name:
+                raise ConfigError(f"`per_estimator.{name}.algo.estimator`={runs!r}: the section of estimator "
+                                  f"{name!r} cannot run another; name a variant instead (e.g. {runs}-{name})")
     except ConfigError as e:
         raise CompareError(f"{path}: {e}") from None
     return data, {name: section or {} for name, section in sections.items()}
@@ -133,12 +132,20 @@ def models_held(run: TrainConfig, critic: str | None = None) -> list[str]:
 
     held = ["policy"] if getattr(run.model, "lora_r", 0) else ["policy", "reference"]
     if get_advantage_estimator(run.algo.estimator).needs_critic:
-        m = run.model if critic is None else dataclasses.replace(run.model, critic=critic)
-        held.append("value head" if m.critic == "shared" else "critic's value head on a frozen body"
-                    if m.critic == "frozen" else "critic's adapters" if m.critic_adapter_rank
-                    else "critic" if m.critic == "separate" else "critic (auto)")
+        held.append(_critic_held(run.model if critic is None else dataclasses.replace(run.model, critic=critic)))
     held += ["reward model" for spec, _ in reward_specs(run.model) if is_model_path(spec)]
     return held
+
+
+def _critic_held(m) -> str:
+    """How :func:`models_held` names a run's critic (``m``: its ModelConfig)."""
+    if m.critic == "shared":
+        return "value head"
+    if m.critic == "frozen":
+        return "critic's value head on a frozen body"
+    if m.critic == "auto":  # the run's kind could not be read back
+        return "critic (auto)"
+    return "critic's adapters" if m.critic_adapter_rank else "critic"
 
 
 def build_start(out: Path, *, smoke: bool, build_policy: bool, threads: int) -> None:

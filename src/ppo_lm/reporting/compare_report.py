@@ -114,10 +114,10 @@ def equal_budgets(runs: list[dict]) -> dict[str, dict]:
     interpolated linearly between its evaluations (:func:`value_at`). Per second a critic's cost
     shows; per token its credit does (docs/critic.md)."""
     out: dict[str, dict] = {}
+    names = dict.fromkeys(r["estimator"] for r in runs)
     for axis, (curves, total) in BUDGETS.items():
         first = min(runs, key=lambda r: r[total])
         at = first[total]
-        names = dict.fromkeys(r["estimator"] for r in runs)
         out[axis] = {"at": at, "run": f"{first['estimator']}-seed{first['seed']}",
                      "estimators": {n: spread([value_at(r[curves]["eval_score"], at) for r in runs
                                                if r["estimator"] == n]) for n in names}}
