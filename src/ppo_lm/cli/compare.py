@@ -26,6 +26,7 @@ from .compare_plan import (
     CompareError,
     base_settings,
     build_start,
+    critic_of,
     estimator_of,
     models_held,
     read_file_settings,
@@ -72,6 +73,9 @@ class CompareConfig:
     """Where summary.json, summary.md, curves.png, sft/ and runs/ go."""
     overwrite: bool = False
     """Replace the outputs of an earlier comparison in output_dir (otherwise an error)."""
+    resume: bool = False
+    """Continue the comparison in output_dir: keep each run that finished with the settings it would
+    have now, run the others (cli/compare_resume.py)."""
     smoke: bool = False
     """Tiny sizes that run in seconds (wiring check, used by the tests): at most 2 iterations of 8
     episodes, 4-token responses, one epoch of one minibatch and 8 held-out prompts, over the --config
@@ -140,6 +144,9 @@ def parse_args(argv: list[str]) -> CompareConfig:
     p.add_argument("--output-dir", "--output_dir", default=d.output_dir, help=f"default {d.output_dir}/")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier comparison's outputs in --output-dir")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the comparison in --output-dir: runs that finished with the same settings are "
+                        "kept, the others (unfinished, new seeds or estimators) run")
     p.add_argument("--smoke", action="store_true",
                    help="tiny sizes that run in seconds (wiring check): at most "
                    f"{SMOKE_ITERATIONS} iterations of 8 episodes, 4-token responses, {SMOKE_EVAL_PROMPTS} held-out prompts")
@@ -201,6 +208,9 @@ def check_compare(cfg: CompareConfig) -> None:
     from ..runtime.files import prepare_output_dir
 
     _check_numbers(cfg)
+    if cfg.resume and cfg.overwrite:
+        raise CompareError("--resume keeps an earlier comparison's finished runs and --overwrite deletes them; "
+                           "pass one of the two")
     if cfg.config:
         try:
             cfg.file_settings, cfg.per_estimator = read_file_settings(cfg.config)
@@ -220,9 +230,9 @@ def check_compare(cfg: CompareConfig) -> None:
     except ValueError as e:
         raise CompareError(str(e)) from None
     found = [name for name in OUTPUTS if (out / name).exists()]
-    if found and not cfg.overwrite:
+    if found and not (cfg.overwrite or cfg.resume):
         raise CompareError(f"`output_dir` {str(out)!r} already holds a comparison ({', '.join(found)}); pass "
-                           "--overwrite to replace it, or choose another --output-dir")
+                           "--resume to continue it, --overwrite to replace it, or choose another --output-dir")
 
 
 def _check_run(run: TrainConfig, start_exists: bool, held_out_built_later: bool, smoke: bool) -> None:
@@ -270,22 +280,6 @@ def run_config(cfg: CompareConfig, estimator: str, seed: int) -> TrainConfig:
     return run
 
 
-def critic_of(run: TrainConfig) -> str | None:
-    """The kind an ``auto`` ``model.critic`` resolved to in a finished run, read from its last checkpoint
-    (a shared critic saves value_head.safetensors, a separate one critic/); None where the run named it."""
-    from ..records.checkpoint import latest_checkpoint
-
-    if run.model.critic != "auto":
-        return None
-    found = latest_checkpoint(run.output_dir)
-    if found is None:
-        return None
-    path = found[1]
-    if (path / "value_head.safetensors").is_file():
-        return "shared"
-    return "separate" if (path / "critic").is_dir() else None
-
-
 def _eval_source(cfg: CompareConfig, run: TrainConfig) -> str:
     """The held-out prompts of the runs, in words."""
     if run.data.eval_prompts != str(Path(cfg.output_dir) / "heldout.jsonl"):
@@ -305,50 +299,76 @@ def _settings(cfg: CompareConfig, runs: dict[str, TrainConfig]) -> dict:
             "env": first.rollout.env}
 
 
-def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:
-    from ..reporting.compare_report import (
-        equal_budgets,
-        held_out_value,
-        plot_curves,
-        run_record,
-        summarize,
-        summary_markdown,
-    )
+def _prepare_output(cfg: CompareConfig, out: Path) -> None:
+    """An empty comparison in ``out``; with --resume the earlier one's start, runs and logs stay."""
+    from .compare_resume import KEEP, start_built
 
-    check_compare(cfg)
-    out = Path(cfg.output_dir)
     for name in OUTPUTS:
         p = out / name
+        if cfg.resume and name in KEEP:
+            continue
         if p.is_dir():
             shutil.rmtree(p)
         elif p.exists():
             p.unlink()
-    (out / "runs").mkdir()
-    (out / "logs").mkdir()
-    t0 = time.perf_counter()
-    if not cfg.own_task:
-        print(f"start: {cfg.policy or 'the demo SFT policy, building under ' + str(out / 'sft')}", flush=True)
-        threads = run_config(cfg, cfg.estimators[0], cfg.seeds[0]).threads  # the runs' own (a --config may set it)
-        build_start(out, smoke=cfg.smoke, build_policy=cfg.policy is None, threads=threads)
-    runs = []
+    (out / "runs").mkdir(exist_ok=True)
+    (out / "logs").mkdir(exist_ok=True)
+    if cfg.own_task:
+        return
+    if cfg.resume and start_built(out, build_policy=cfg.policy is None):
+        print(f"start: kept from the earlier comparison ({out / 'heldout.jsonl'}"
+              f"{', ' + str(out / 'sft') if cfg.policy is None else ''})", flush=True)
+        return
+    print(f"start: {cfg.policy or 'the demo SFT policy, building under ' + str(out / 'sft')}", flush=True)
+    threads = run_config(cfg, cfg.estimators[0], cfg.seeds[0]).threads  # the runs' own (a --config may set it)
+    build_start(out, smoke=cfg.smoke, build_policy=cfg.policy is None, threads=threads)
+
+
+def _run_all(cfg: CompareConfig, out: Path) -> tuple[list[dict], list[str]]:
+    """Every run of the plan in seed-major order (an interrupted comparison has every estimator for the
+    seeds it finished, and a host that slows down over time slows every estimator alike), each a fresh
+    process, its record saved as it ends; with --resume a run that finished with the same settings is
+    read back instead. Returns the records and the names of the runs kept."""
+    from ..reporting.compare_report import held_out_value, run_record
+    from .compare_resume import clear_run, cpu_model, finished, save_record
+
+    runs, kept = [], []
     total = len(cfg.seeds) * len(cfg.estimators)
-    # seed-major order: an interrupted comparison has every estimator for the seeds it finished, and a
-    # host that slows down over time slows every estimator alike
     for seed in cfg.seeds:
         for est in cfg.estimators:
             run = run_config(cfg, est, seed)
             name = f"{est}-seed{seed}"
             print(f"[{len(runs) + 1}/{total}] {name} ({run.rollout.num_prompts} × {run.rollout.samples_per_prompt}) …",
                   end=" ", flush=True)
-            wall, rss = run_one(run, out / "runs" / f"{name}.yaml", out / "logs" / f"{name}.log")
-            r = run_record(Path(run.output_dir) / "metrics.jsonl",
-                           run.rollout.num_prompts * run.rollout.samples_per_prompt)
-            r.update(estimator=est, seed=seed, wall_s=wall, peak_rss_mb=rss, models_held=models_held(run, critic_of(run)),
-                     run_dir=run.output_dir)
+            r, why = finished(out, name, run) if cfg.resume else (None, "new")
+            if r is not None:
+                kept.append(name)
+            else:
+                if why != "new":
+                    print(f"({why}) …", end=" ", flush=True)
+                clear_run(out, name)
+                wall, rss = run_one(run, out / "runs" / f"{name}.yaml", out / "logs" / f"{name}.log")
+                r = run_record(Path(run.output_dir) / "metrics.jsonl",
+                               run.rollout.num_prompts * run.rollout.samples_per_prompt)
+                r.update(estimator=est, seed=seed, wall_s=wall, peak_rss_mb=rss,
+                         models_held=models_held(run, critic_of(run)), run_dir=run.output_dir, cpu=cpu_model())
+                save_record(out, name, r)
             runs.append(r)
             env = run.rollout.env
             print(f"held-out {'mean return ' if env else ''}{held_out_value(r['accuracy_before'], env)} → "
-                  f"{held_out_value(r['accuracy_after'], env)}, {wall:.0f} s, {rss:.0f} MB", flush=True)
+                  f"{held_out_value(r['accuracy_after'], env)}, {r['wall_s']:.0f} s, {r['peak_rss_mb']:.0f} MB"
+                  f"{' (finished earlier, kept)' if name in kept else ''}", flush=True)
+    return runs, kept
+
+
+def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:
+    from ..reporting.compare_report import equal_budgets, plot_curves, summarize, summary_markdown
+
+    check_compare(cfg)
+    out = Path(cfg.output_dir)
+    t0 = time.perf_counter()
+    _prepare_output(cfg, out)
+    runs, kept = _run_all(cfg, out)
     summary = {
         "command": "ppo-lm compare " + " ".join(argv) if argv is not None else None,
         "date": time.strftime("%Y-%m-%d"),
@@ -357,6 +377,7 @@ def run_compare(cfg: CompareConfig, argv: list[str] | None = None) -> dict:
         "equal_budgets": equal_budgets(runs),
         "runs": [{k: v for k, v in r.items() if k not in ("curves", "wall_curves")} for r in runs],
         "wall_s": time.perf_counter() - t0,
+        "kept": kept,
         "per_estimator": cfg.per_estimator,
         "file_settings": cfg.file_settings,
     }

@@ -137,6 +137,22 @@ def models_held(run: TrainConfig, critic: str | None = None) -> list[str]:
     return held
 
 
+def critic_of(run: TrainConfig) -> str | None:
+    """The kind an ``auto`` ``model.critic`` resolved to in a finished run, read from its last checkpoint
+    (a shared critic saves value_head.safetensors, a separate one critic/); None where the run named it."""
+    from ..records.checkpoint import latest_checkpoint
+
+    if run.model.critic != "auto":
+        return None
+    found = latest_checkpoint(run.output_dir)
+    if found is None:
+        return None
+    path = found[1]
+    if (path / "value_head.safetensors").is_file():
+        return "shared"
+    return "separate" if (path / "critic").is_dir() else None
+
+
 def _critic_held(m) -> str:
     """How :func:`models_held` names a run's critic (``m``: its ModelConfig)."""
     if m.critic == "shared":

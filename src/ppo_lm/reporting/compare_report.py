@@ -218,6 +218,16 @@ def _budget_note(summary: dict) -> str:
             "evaluations, so a value between two evaluations is an estimate.\n")
 
 
+def _hosts_note(summary: dict) -> str:
+    """A comparison continued with --resume on another machine: its wall times mix hosts."""
+    runs = summary.get("runs") or []
+    cpus = sorted({r["cpu"] for r in runs if r.get("cpu")})
+    if len(cpus) < 2:
+        return ""
+    return (f"\nThe runs ran on {len(cpus)} different CPUs ({'; '.join(cpus)}; each run's `cpu` in summary.json): "
+            "wall times and the column at equal seconds compare hosts as well as estimators.\n")
+
+
 def summary_markdown(summary: dict) -> str:
     """The comparison table: one row per estimator, mean ± sample std over the seeds; with
     ``equal_budgets`` (:func:`equal_budgets`) two more columns, held-out at equal sampled tokens and
@@ -251,7 +261,7 @@ def summary_markdown(summary: dict) -> str:
             f"{_tokens(e['sampled_tokens']['mean'])} | {_pm(e['wall_s'], 1, '.0f')} s | "
             f"{e['peak_rss_mb']['mean']:.0f} MB | {''.join(c + ' | ' for c in _budget_cells(summary, name, env))}"
             f"{len(models)} ({', '.join(models)}) | {_critic_cell(e)} |")
-    return "\n".join(lines) + "\n" + _budget_note(summary)
+    return "\n".join(lines) + "\n" + _budget_note(summary) + _hosts_note(summary)
 
 
 def smooth(values: list[float], window: int) -> list[float]:
