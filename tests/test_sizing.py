@@ -23,10 +23,11 @@ def test_auto_resolves_by_parameter_count_and_leaves_given_values_alone():
     assert (large.cfg.optim.actor_lr, large.cfg.optim.critic_lr, large.cfg.rollout.max_new_tokens) == (1e-6, 1e-4, 128)
     assert large.cfg.algo.bootstrap_truncated is False
     assert large.values == {"optim.actor_lr": 1e-6, "optim.critic_lr": 1e-4, "rollout.max_new_tokens": 128,
-                            "algo.bootstrap_truncated": False, "model.critic": "separate"}
+                            "algo.bootstrap_truncated": False, "model.critic": "shared"}
     assert "134.52 M parameters, ≥ 10 M: large model" in resolve_auto(cfg, 134_515_008).reason
     billion = resolve_auto(cfg, BILLION_PARAMETERS)
     assert (billion.cfg.optim.critic_lr, billion.cfg.algo.bootstrap_truncated) == (1e-5, False)
+    assert billion.cfg.model.critic == "separate"  # unmeasured at that size: the peers' separate critic
     assert billion.cfg.optim.actor_lr == LARGE.actor_lr
     assert "1.00 B parameters, ≥ 1 B: billion-scale model" in billion.reason
     assert resolve_auto(cfg, BILLION_PARAMETERS - 1).cfg.optim.critic_lr == 1e-4

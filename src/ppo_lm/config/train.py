@@ -42,9 +42,9 @@ class ModelConfig:
     critic: Literal["auto", "separate", "shared", "frozen"] = "auto"
     """'separate': own transformer body + scalar head; 'shared': a value head on the policy trunk;
     'frozen': a separate critic whose body (`critic_init`'s) never trains, only its value head. auto:
-    by the policy's size (config/sizing.py): 'shared' below 10 M parameters, where the head on the
-    policy's features learned as well per sampled token as a separate critic at a critic-free run's
-    cost; 'separate' from 10 M (docs/critic.md, "What a critic costs")."""
+    by the policy's size (config/sizing.py): 'shared' below 1 B parameters, where the head on the
+    policy's features learned about as well per sampled token as a separate critic at a critic-free
+    run's cost; 'separate' from 1 B, not measured here (docs/critic.md, "What a critic costs")."""
     critic_lora_r: int | None = setting(None, ge=0)
     """LoRA rank of a separate critic; None = `lora_r`. With r > 0 the critic's body is frozen and held
     by reference, not copied (in full fine-tuning it is the frozen reference's body), and only its
