@@ -259,7 +259,7 @@ def _no_lora(c: TrainConfig, f: Facts) -> str | None:
 def _no_separate_critic(c: TrainConfig, f: Facts) -> str | None:
     if not _spec(c).needs_critic:
         return _no_critic(c, f)
-    if c.model.critic not in ("separate", "auto"):  # auto: separate where the policy is large
+    if c.model.critic not in ("separate", "auto"):  # auto: separate where the policy is billion-scale
         return (f"is unused: `model.critic` is {c.model.critic!r}, and only a separate critic ('separate') takes "
                 "adapters")
     return None
