@@ -80,7 +80,8 @@ def test_one_ppo_iteration_on_smollm2_with_chat_prompts(tmp_path, capsys):
 @needs_wheel
 def test_the_default_learning_rates_keep_smollm2_near_its_reference(tmp_path, capsys):
     """The instruct command of docs/training.md with no other flag (fewer prompts, to run in minutes): the `auto`
-    rates resolve for a 135 M model (1e-6 / 1e-4, 128 tokens, cut responses ending at their score) and two iterations of 8 optimiser steps each
+    rates resolve for a 135 M model (1e-6 / 1e-4, 128 tokens, cut responses ending at their score, a value head
+    on the policy as its critic) and two iterations of 8 optimiser steps each
     leave it near its reference. The built-in model's 3e-4 took the same model to ≈ 25 nats per response
     after one iteration (docs/training.md "Defaults that depend on the model")."""
     import json
@@ -98,7 +99,7 @@ def test_the_default_learning_rates_keep_smollm2_near_its_reference(tmp_path, ca
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert ("auto      optim.actor_lr 1e-6 · optim.critic_lr 1e-4 · rollout.max_new_tokens 128 · "
-            "algo.bootstrap_truncated false") in out.out
+            "algo.bootstrap_truncated false · model.critic shared") in out.out  # a value head on the policy
     its = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in its] == [1, 2]
     assert its[-1]["lr_actor"] == 1e-6 and its[-1]["lr_critic"] == 1e-4 and its[-1]["response_length_max"] > 8
