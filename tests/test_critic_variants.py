@@ -8,15 +8,18 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from trainer_helpers import length_reward, tiny_config
 
 from ppo_lm.config.validate import validate_config
 from ppo_lm.models import lora
 from ppo_lm.models.actor_critic import _hidden
 from ppo_lm.models.hf_compat import scalar_head, trunk
+from ppo_lm.records.checkpoint import latest_checkpoint
 from ppo_lm.records.console import banner
 from ppo_lm.records.metrics_log import is_timing_key
 from ppo_lm.runtime.errors import ConfigError
+from ppo_lm.tasks.equations import build_tiny_policy, build_tokenizer
 from ppo_lm.trainer.ppo import PPOTrainer
 
 VARIANTS = {"lora": dict(model__critic_lora_r=4), "frozen": dict(model__critic="frozen")}
@@ -85,6 +88,44 @@ def test_resume_equals_uninterrupted(tmp_path, variant):
     PPOTrainer(_config(tmp_path / "part", variant, iterations=1, **kw), verifier=length_reward).train()
     PPOTrainer(_config(tmp_path / "part", variant, iterations=2, resume=True, **kw), verifier=length_reward).train()
     assert _metrics(tmp_path / "full") == _metrics(tmp_path / "part")
+
+
+def test_a_frozen_critics_checkpoint_holds_its_value_head_alone(tmp_path):
+    tr = PPOTrainer(_config(tmp_path, "frozen", iterations=1, log__save_every=1), verifier=length_reward)
+    tr.train()
+    critic_dir = latest_checkpoint(tmp_path)[1] / "critic"
+    saved = load_file(str(critic_dir / "value_head.safetensors"))
+    assert set(saved) == {"score.weight", "score.bias"} and not list(critic_dir.glob("model*.safetensors"))
+    assert torch.equal(saved["score.weight"], tr.critic.model.score.weight)
+
+
+def test_a_frozen_critic_resumes_from_a_checkpoint_that_saved_it_whole(tmp_path):
+    """Checkpoints written before the head was saved alone hold the whole critic; they still resume."""
+    kw = dict(log__save_every=1, optim__epochs=1)
+    PPOTrainer(_config(tmp_path / "full", "frozen", iterations=2, **kw), verifier=length_reward).train()
+    tr = PPOTrainer(_config(tmp_path / "part", "frozen", iterations=1, **kw), verifier=length_reward)
+    tr.train()
+    critic_dir = latest_checkpoint(tmp_path / "part")[1] / "critic"
+    (critic_dir / "value_head.safetensors").unlink()
+    tr.critic.model.save_pretrained(critic_dir, safe_serialization=True)
+    manifest = critic_dir.parent / "manifest.json"
+    manifest.unlink()  # (a checkpoint without a manifest is checked by reading its files)
+    PPOTrainer(_config(tmp_path / "part", "frozen", iterations=2, resume=True, **kw), verifier=length_reward).train()
+    assert _metrics(tmp_path / "full") == _metrics(tmp_path / "part")
+
+
+def test_a_frozen_critic_on_another_body_is_refused_on_resume(tmp_path, saved_policy):
+    kw = dict(model__policy=str(saved_policy), model__tokenizer=str(saved_policy), log__save_every=1)
+    PPOTrainer(_config(tmp_path / "run", "frozen", iterations=1, **kw), verifier=length_reward).train()
+    weights = saved_policy / "model.safetensors"
+    original = weights.read_bytes()
+    build_tiny_policy(build_tokenizer(), seed=5, hidden_size=32).save_pretrained(tmp_path / "other")
+    weights.write_bytes((tmp_path / "other" / "model.safetensors").read_bytes())  # same path, other weights
+    try:
+        with pytest.raises(ConfigError, match="critic's base weights differ from the ones its value head"):
+            PPOTrainer(_config(tmp_path / "run", "frozen", iterations=2, resume=True, **kw), verifier=length_reward).train()
+    finally:
+        weights.write_bytes(original)
 
 
 def test_a_frozen_critic_with_adapters_is_refused_before_anything_loads(tmp_path):

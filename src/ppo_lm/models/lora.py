@@ -295,9 +295,9 @@ def read_adapters(directory: Path) -> dict[str, Tensor]:
 
 
 def base_fingerprint(state: dict[str, Tensor]) -> list[float]:
-    """A cheap fingerprint of the frozen base weights of a LoRA model's state dict: sum and sum of
-    squares, in float64, over every floating tensor that is not an adapter. A resumed run checks with it
-    that its base model is the one the adapters were trained on."""
+    """A cheap fingerprint of the frozen base weights of a LoRA model's (or a frozen critic's body's)
+    state dict: sum and sum of squares, in float64, over every floating tensor that is not an adapter. A
+    resumed run checks with it that its base model is the one the adapters were trained on."""
     s = sq = 0.0
     with torch.no_grad():
         for key in sorted(state):

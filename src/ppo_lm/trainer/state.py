@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import random
 import re
@@ -19,11 +18,11 @@ from safetensors.torch import load_file, save_file
 
 from ..algorithms import AdaptiveKLController, FixedKLController
 from ..models import lora, sharding
-from ..models.hf_compat import scalar_head
 from ..records import checkpoint as ckpt
 from ..rollout.trajectory import Trajectory, TrajectoryBatch
 from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError, UserError
+from . import model_files as files
 from .learner import Learner
 
 
@@ -116,11 +115,11 @@ def save_checkpoint(run: RunState, output_dir: Path, iteration: int, keep_last: 
         tmp = None
         try:
             tmp, final = ckpt.begin(output_dir, iteration)
-            _save_model(policy.lm, tmp / "policy", _prefixed(policy_full, "lm."))
+            files.save_model(policy.lm, tmp / "policy", _prefixed(policy_full, "lm."))
             run.tokenizer.save_pretrained(tmp / "policy")
             ckpt.kill_point("policy", iteration)
             if critic is not None:
-                _save_model(critic.model, tmp / "critic", _prefixed(critic_full, "model."))
+                files.save_model(critic.model, tmp / "critic", _prefixed(critic_full, "model."))
                 run.tokenizer.save_pretrained(tmp / "critic")
                 ckpt.kill_point("critic", iteration)
             if policy.value_head is not None:
@@ -137,8 +136,9 @@ def save_checkpoint(run: RunState, output_dir: Path, iteration: int, keep_last: 
                     "kl_ctl": run.kl_ctl.state_dict(),
                     "rng": rng_per_rank,
                     "pending": pending_per_rank,
-                    "lora_base": _lora_bases(policy.lm, _prefixed(policy_full, "lm."),
-                                             critic.model if critic else None, _prefixed(critic_full, "model.")),
+                    "lora_base": files.frozen_bases({
+                        "policy": (policy.lm, _prefixed(policy_full, "lm.")),
+                        "critic": (critic.model if critic else None, _prefixed(critic_full, "model."))}),
                 }, fh)
             ckpt.kill_point("trainer_state", iteration)
             ckpt.commit(tmp, final, keep_last)
@@ -153,43 +153,6 @@ def save_checkpoint(run: RunState, output_dir: Path, iteration: int, keep_last: 
     if failures[0] is not None:
         raise CheckpointWriteError(failures[0])
     return final
-
-
-def _save_model(model: torch.nn.Module, directory: Path, state: dict) -> None:
-    """A trained model's checkpoint directory: ``save_pretrained`` (config + weights), or, for a LoRA
-    model, its adapters as peft saves them plus its fully trained head (a separate critic's value head),
-    never the frozen base (the run's model.policy / critic_init rebuilds it)."""
-    if not lora.has_adapters(model):
-        model.save_pretrained(directory, state_dict=state, safe_serialization=True)
-        return
-    lora.save_adapters(model, directory, state)
-    head = _head_tensors(model, state)
-    if head:
-        save_file({k: v.contiguous() for k, v in head.items()}, str(directory / VALUE_HEAD))
-
-
-VALUE_HEAD = "value_head.safetensors"
-
-
-def _head_tensors(model: torch.nn.Module, state: dict) -> dict:
-    """A LoRA critic's value-head tensors of ``state`` (keys relative to ``model``); empty for a policy."""
-    try:
-        head = scalar_head(model)
-    except ValueError:
-        return {}
-    name = next(n for n, m in model.named_modules() if m is head)
-    return {k: v for k, v in state.items() if k.startswith(name + ".")}
-
-
-def _lora_bases(policy_lm, policy_state: dict, critic_model, critic_state: dict) -> dict:
-    """Fingerprints of the frozen bases under LoRA adapters (:func:`lora.base_fingerprint`; the
-    critic's trained value head left out); empty without LoRA."""
-    out = {}
-    for name, model, state in (("policy", policy_lm, policy_state), ("critic", critic_model, critic_state)):
-        if lora.has_adapters(model):
-            head = _head_tensors(model, state)
-            out[name] = lora.base_fingerprint({k: v for k, v in state.items() if k not in head})
-    return out
 
 
 class CheckpointWriteError(UserError):
@@ -221,21 +184,6 @@ def _write_failure_message(output_dir: Path, iteration: int, code: int | None, r
                     f"(iteration {i}) is intact; {fix} and resume with --resume")
     return (f"could not write checkpoint {iteration} to {where!r}: {reason}; there is no earlier intact "
             f"checkpoint; {fix} and start the run again in a new --output-dir")
-
-
-def _load_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a ``save_pretrained`` directory: its ``model.safetensors``, or the shards that
-    ``model.safetensors.index.json`` lists (transformers splits big models into several files)."""
-    single = directory / "model.safetensors"
-    if single.is_file():
-        return load_file(str(single))
-    index = directory / "model.safetensors.index.json"
-    if not index.is_file():
-        raise ConfigError(f"checkpoint directory {directory} has no model.safetensors nor model.safetensors.index.json")
-    weights: dict[str, torch.Tensor] = {}
-    for name in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-        weights.update(load_file(str(directory / name)))
-    return weights
 
 
 class DamagedCheckpointError(UserError, ValueError):
@@ -277,12 +225,12 @@ def _read(path: Path, run: RunState) -> tuple[dict, dict, dict]:
     policy, critic = run.learner.policy, run.learner.critic
     try:
         st = read_trainer_state(path / "trainer_state.pt")
-        full = {f"lm.{k}": v for k, v in _load_model(path / "policy", policy.lm).items()}
+        full = {f"lm.{k}": v for k, v in files.load_model(path / "policy", policy.lm).items()}
         if policy.value_head is not None:
             full.update({f"value_head.{k}": v for k, v in load_file(str(path / "value_head.safetensors")).items()})
         critic_full = {}
         if critic is not None and (path / "critic").is_dir():
-            critic_full = {f"model.{k}": v for k, v in _load_model(path / "critic", critic.model).items()}
+            critic_full = {f"model.{k}": v for k, v in files.load_model(path / "critic", critic.model).items()}
     except DamagedCheckpointError:
         raise
     except (OSError, ValueError, RuntimeError) as e:  # safetensors' errors included
@@ -294,40 +242,14 @@ def _read(path: Path, run: RunState) -> tuple[dict, dict, dict]:
         )
     if st.get("fsdp", False) != sharding.is_sharded(policy):
         raise ConfigError(f"checkpoint {path} was written with model.fsdp={st.get('fsdp')}; resume with the same")
-    _check_keys(policy.lm, _prefixed(full, "lm."), "policy")
+    files.check_keys(policy.lm, _prefixed(full, "lm."), "policy")
     if critic is not None:
         if not critic_full:
             raise ConfigError(f"checkpoint {path} has no critic but this run uses a separate critic")
-        _check_keys(critic.model, _prefixed(critic_full, "model."), "critic")
-    _check_lora_bases(path, st.get("lora_base") or {}, policy, critic)
+        files.check_keys(critic.model, _prefixed(critic_full, "model."), "critic")
+    files.check_frozen_bases(path, st.get("lora_base") or {},
+                             {"policy": policy.lm, "critic": critic.model if critic else None})
     return st, full, critic_full
-
-
-def _load_model(directory: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors :func:`_save_model` wrote for ``model``: all its weights, or its LoRA adapters (and a
-    LoRA critic's value head)."""
-    if not lora.has_adapters(model):
-        return _load_weights(directory)
-    if not (directory / lora.ADAPTER_CONFIG).is_file():
-        raise ConfigError(f"checkpoint directory {directory} holds no LoRA adapters ({lora.ADAPTER_CONFIG}), but "
-                          "this run trains with model.lora_r > 0; resume with the run's own settings")
-    tensors = lora.read_adapters(directory)
-    if (directory / VALUE_HEAD).is_file():
-        tensors.update(load_file(str(directory / VALUE_HEAD)))
-    return tensors
-
-
-def _check_lora_bases(path: Path, saved: dict, policy, critic) -> None:
-    """The frozen bases under the adapters are the ones the checkpoint's adapters were trained on."""
-    models = {"policy": policy.lm, "critic": critic.model if critic else None}
-    for name, fingerprint in saved.items():
-        model = models[name]
-        state = model.state_dict()  # (sharded tensors are gathered one by one, on every rank)
-        head = _head_tensors(model, state)
-        now = lora.base_fingerprint({k: v for k, v in state.items() if k not in head})
-        if not lora.same_base(now, fingerprint):
-            raise ConfigError(f"checkpoint {path}: the {name}'s base weights differ from the ones its LoRA adapters "
-                              "were trained on; resume with the run's own model.policy (and reward model)")
 
 
 def load_checkpoint(run: RunState, output_dir: Path) -> int:
@@ -356,7 +278,7 @@ def _apply(run: RunState, st: dict, full: dict, critic_full: dict) -> None:
     if sharding.is_sharded(policy):
         sharding.load_full_state(policy, full, strict=not lora.has_adapters(policy.lm))
         if critic is not None:
-            sharding.load_full_state(critic, critic_full, strict=not lora.has_adapters(critic.model))
+            sharding.load_full_state(critic, critic_full, strict=not files.partial(critic.model))
         sharding.load_full_optim_state(policy, u.actor_opt, st["actor_opt"])
         if u.critic_opt is not None and st["critic_opt"] is not None:
             sharding.load_full_optim_state(critic if critic is not None else policy, u.critic_opt,
@@ -379,15 +301,3 @@ def _apply(run: RunState, st: dict, full: dict, critic_full: dict) -> None:
 
 def _batch(d: dict) -> TrajectoryBatch:
     return TrajectoryBatch(**{**d, "trajectories": [Trajectory(**t) for t in d["trajectories"]]})
-
-
-def _check_keys(model: torch.nn.Module, sd: dict, name: str) -> None:
-    # save_pretrained drops tied duplicates, so those may be missing; nothing else may. A LoRA model's
-    # checkpoint holds its adapters (and a critic's head) only.
-    expected = model.state_dict()
-    if lora.has_adapters(model):
-        expected = [k for k in expected if lora.is_adapter_key(k)] + list(_head_tensors(model, expected))
-    missing = [k for k in expected if k not in sd]
-    untied = set(missing) - {k for k in missing if "lm_head" in k or "embed" in k}
-    if untied:
-        raise ConfigError(f"checkpoint {name} weights do not match the model: missing {sorted(untied)[:5]}")
