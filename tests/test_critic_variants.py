@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainer_helpers import length_reward, tiny_config
+from trainer_helpers import length_reward, other_weights, tiny_config
 
 from ppo_lm.config.validate import validate_config
 from ppo_lm.models import lora
@@ -19,7 +19,6 @@ from ppo_lm.records.checkpoint import latest_checkpoint
 from ppo_lm.records.console import banner
 from ppo_lm.records.metrics_log import is_timing_key
 from ppo_lm.runtime.errors import ConfigError
-from ppo_lm.tasks.equations import build_tiny_policy, build_tokenizer
 from ppo_lm.trainer.ppo import PPOTrainer
 
 VARIANTS = {"lora": dict(model__critic_lora_r=4), "frozen": dict(model__critic="frozen")}
@@ -117,15 +116,9 @@ def test_a_frozen_critic_resumes_from_a_checkpoint_that_saved_it_whole(tmp_path)
 def test_a_frozen_critic_on_another_body_is_refused_on_resume(tmp_path, saved_policy):
     kw = dict(model__policy=str(saved_policy), model__tokenizer=str(saved_policy), log__save_every=1)
     PPOTrainer(_config(tmp_path / "run", "frozen", iterations=1, **kw), verifier=length_reward).train()
-    weights = saved_policy / "model.safetensors"
-    original = weights.read_bytes()
-    build_tiny_policy(build_tokenizer(), seed=5, hidden_size=32).save_pretrained(tmp_path / "other")
-    weights.write_bytes((tmp_path / "other" / "model.safetensors").read_bytes())  # same path, other weights
-    try:
-        with pytest.raises(ConfigError, match="critic's base weights differ from the ones its value head"):
-            PPOTrainer(_config(tmp_path / "run", "frozen", iterations=2, resume=True, **kw), verifier=length_reward).train()
-    finally:
-        weights.write_bytes(original)
+    with other_weights(saved_policy, tmp_path / "other"), \
+            pytest.raises(ConfigError, match="critic's base weights differ from the ones its value head"):
+        PPOTrainer(_config(tmp_path / "run", "frozen", iterations=2, resume=True, **kw), verifier=length_reward).train()
 
 
 def test_a_frozen_critic_with_adapters_is_refused_before_anything_loads(tmp_path):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from trainer_helpers import count_sevens, length_reward, tiny_config
+from trainer_helpers import count_sevens, length_reward, other_weights, tiny_config
 
 from ppo_lm.cli.main import main
 from ppo_lm.models import lora
@@ -202,28 +202,15 @@ def test_checkpoint_adapters_load_with_peft_and_export_merges_them(tmp_path, hea
 def test_resume_on_another_base_model_is_refused(tmp_path, saved_policy):
     kw = dict(model__policy=str(saved_policy), model__tokenizer=str(saved_policy), log__save_every=1)
     PPOTrainer(_lora_config(tmp_path / "run", iterations=1, **kw), verifier=count_sevens).train()
-    weights = saved_policy / "model.safetensors"
-    original = weights.read_bytes()
-    build_tiny_policy(build_tokenizer(), seed=5, hidden_size=32).save_pretrained(tmp_path / "other")
-    weights.write_bytes((tmp_path / "other" / "model.safetensors").read_bytes())  # same path, other weights
-    try:
-        with pytest.raises(ConfigError, match="base weights differ"):
-            PPOTrainer(_lora_config(tmp_path / "run", iterations=2, resume=True, **kw), verifier=count_sevens).train()
-    finally:
-        weights.write_bytes(original)
+    with other_weights(saved_policy, tmp_path / "other"), pytest.raises(ConfigError, match="base weights differ"):
+        PPOTrainer(_lora_config(tmp_path / "run", iterations=2, resume=True, **kw), verifier=count_sevens).train()
 
 
 def test_export_refuses_a_changed_base_model(tmp_path, saved_policy, capsys):
     kw = dict(model__policy=str(saved_policy), model__tokenizer=str(saved_policy), log__save_every=1)
     PPOTrainer(_lora_config(tmp_path / "run", iterations=1, **kw), verifier=count_sevens).train()
-    weights = saved_policy / "model.safetensors"
-    original = weights.read_bytes()
-    build_tiny_policy(build_tokenizer(), seed=5, hidden_size=32).save_pretrained(tmp_path / "other")
-    weights.write_bytes((tmp_path / "other" / "model.safetensors").read_bytes())
-    try:
+    with other_weights(saved_policy, tmp_path / "other"):
         rc = main(["export", str(tmp_path / "run"), "--output", str(tmp_path / "merged")])
-    finally:
-        weights.write_bytes(original)
     err = capsys.readouterr().err
     assert rc == 2 and "is not the one the adapters were trained on" in err and not (tmp_path / "merged").exists()
 

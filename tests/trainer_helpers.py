@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from ppo_lm.algorithms.registry import ADVANTAGE_ESTIMATORS
 from ppo_lm.config.train import TrainConfig
 
@@ -77,3 +79,19 @@ def action_runs(batch, i):
         else:
             runs.append((a, [t]))
     return runs
+
+
+@contextmanager
+def other_weights(saved_policy, scratch):
+    """``saved_policy``'s directory holding another tiny model's weights (same path, same shapes) inside
+    the block, its own again after it."""
+    from ppo_lm.tasks.equations import build_tiny_policy, build_tokenizer
+
+    weights = saved_policy / "model.safetensors"
+    original = weights.read_bytes()
+    build_tiny_policy(build_tokenizer(), seed=5, hidden_size=32).save_pretrained(scratch)
+    weights.write_bytes((scratch / "model.safetensors").read_bytes())
+    try:
+        yield
+    finally:
+        weights.write_bytes(original)
