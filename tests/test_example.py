@@ -90,6 +90,7 @@ def test_the_multi_turn_example_runs_one_iteration(tmp_path):
          "--log.no-progress", "--log.sample-every", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "separate critic: an environment's episodes" in proc.stdout + proc.stderr  # auto's critic, as measured
     s = json.loads((out / "summary.json").read_text())
     assert s["heldout_score_is"].startswith("mean return of greedy held-out episodes")
     rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -43,6 +43,25 @@ def test_auto_resolves_by_parameter_count_and_leaves_given_values_alone():
     assert given.values == {"optim.critic_lr": 1e-4}
 
 
+def test_an_environments_episodes_take_the_separate_critic_at_every_size(tmp_path):
+    cfg = TrainConfig()
+    cfg.rollout.env = "builtin:equations_retry"
+    for parameters in (140_000, 10**8, BILLION_PARAMETERS):
+        got = resolve_auto(cfg, parameters)
+        assert got.cfg.model.critic == got.values["model.critic"] == "separate"
+    assert resolve_auto(cfg, 10**8).reason.endswith("; separate critic: an environment's episodes")
+    assert "environment" not in resolve_auto(cfg, BILLION_PARAMETERS).reason  # separate there anyway
+    cfg.algo.estimator = "reinforce++"  # no critic: nothing said about one
+    assert "environment" not in resolve_auto(cfg, 10**8).reason
+    from ppo_lm.config.unused import unused_settings
+
+    given = tiny_config(tmp_path, rollout__env="builtin:equations_retry", model__critic="auto",
+                        model__value_grad_scale=0.5)
+    found = {u.field: u for u in unused_settings(given)}
+    assert found["model.value_grad_scale"].refused
+    assert "'auto' resolves to 'separate' with `rollout.env`" in found["model.value_grad_scale"].message
+
+
 def test_a_critic_free_run_resolves_the_critics_settings_without_listing_them():
     """GRPO has no critic: its banner does not list a critic rate or the bootstrap, though both resolve."""
     cfg = TrainConfig()

@@ -9,7 +9,8 @@ which :func:`resolve_auto` resolves from the policy's parameter count once it is
 larger one :data:`LARGE` (verl's actor rate, ten times it with LoRA adapters, which start from zero; a
 critic at 1e-4 whose cut responses end their returns at their score, the setting under which the
 critic learned on SmolLM2-135M: docs/critic.md), and one of :data:`BILLION_PARAMETERS` or more
-:data:`BILLION` (LARGE with verl's and OpenRLHF's critic rate of 1e-5 for models of that size). The
+:data:`BILLION` (LARGE with verl's and OpenRLHF's critic rate of 1e-5 for models of that size); a run
+with an environment (``rollout.env``) takes the separate critic at any size (:data:`ENV_CRITIC`). The
 run's banner prints what was resolved and why; config.yaml keeps ``"auto"``, so a file reused on
 another model resolves for that one. An ``auto`` ``optim.micro_batch_size`` is resolved once the
 prompts are read (:func:`resolve_micro_batch`): whole minibatches, except LoRA on a large model, whose
@@ -60,6 +61,13 @@ SMALL = SizeProfile("small", actor_lr=3e-4, actor_lr_lora=1e-3, critic_lr=1e-3, 
 LARGE = SizeProfile("large", actor_lr=1e-6, actor_lr_lora=1e-5, critic_lr=1e-4, max_new_tokens=128,
                     bootstrap_truncated=False)
 BILLION = dataclasses.replace(LARGE, name="billion-scale", critic_lr=1e-5, critic="separate")
+ENV_CRITIC = "separate"
+"""``model.critic`` ``auto`` with ``rollout.env``, whatever the policy's size: on the built-in multi-turn
+task the value head on the policy's features learned less than the separate critic per sampled token in
+both layouts (its explained variance first reached 0.1 after 70–100 iterations, the separate critic's
+after 3–6) and lost GAE's lead where the separate critic held it (docs/critic.md "Measured: a multi-turn
+task"). A turn's value has to read the environment's replies, which the policy's features are not
+trained to weigh."""
 
 
 def profile_for(parameters: int) -> SizeProfile:
@@ -93,9 +101,10 @@ class Resolved:
 def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) -> Resolved:
     """``cfg`` with each ``auto`` of ``optim.actor_lr``, ``optim.critic_lr``, ``rollout.max_new_tokens``,
     ``algo.bootstrap_truncated`` and ``model.critic`` replaced by the value of the policy's size class
-    (:func:`profile_for`); ``context``: the policy's max_position_embeddings, which an ``auto`` response
-    limit leaves at least half of to the prompt, and never below ``rollout.min_new_tokens``. The
-    critic's settings are listed in ``values`` only where the estimator has a critic."""
+    (:func:`profile_for`; ``model.critic`` :data:`ENV_CRITIC` with ``rollout.env``); ``context``: the
+    policy's max_position_embeddings, which an ``auto`` response limit leaves at least half of to the
+    prompt, and never below ``rollout.min_new_tokens``. The critic's settings are listed in ``values``
+    only where the estimator has a critic."""
     p = profile_for(parameters)
     o, r, a = cfg.optim, cfg.rollout, cfg.algo
     resolved: dict[str, float | int | bool] = {}
@@ -108,8 +117,9 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
         resolved["rollout.max_new_tokens"] = max(limit, r.min_new_tokens)
     if a.bootstrap_truncated == "auto":
         resolved["algo.bootstrap_truncated"] = p.bootstrap_truncated
+    episodes = cfg.model.critic == "auto" and cfg.rollout.env is not None and p.critic != ENV_CRITIC
     if cfg.model.critic == "auto":
-        resolved["model.critic"] = p.critic
+        resolved["model.critic"] = ENV_CRITIC if episodes else p.critic
     optim = dataclasses.replace(o, actor_lr=resolved.get("optim.actor_lr", o.actor_lr),
                                 critic_lr=resolved.get("optim.critic_lr", o.critic_lr))
     rollout = dataclasses.replace(r, max_new_tokens=resolved.get("rollout.max_new_tokens", r.max_new_tokens))
@@ -120,6 +130,8 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
     bound = BILLION_PARAMETERS if p is BILLION else LARGE_MODEL_PARAMETERS
     bound_text = f"{bound / 1e9:g} B" if bound >= 1e9 else f"{bound / 1e6:g} M"
     reason = f"policy of {size} parameters, {'<' if p is SMALL else '≥'} {bound_text}: {p.name} model"
+    if episodes and critic:
+        reason += f"; {ENV_CRITIC} critic: an environment's episodes"
     model = dataclasses.replace(cfg.model, critic=resolved.get("model.critic", cfg.model.critic))
     return Resolved(dataclasses.replace(cfg, model=model, optim=optim, rollout=rollout, algo=algo), values, reason,
                     parameters)

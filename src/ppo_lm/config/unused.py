@@ -111,4 +111,4 @@ def check_resolved_critic(cfg: TrainConfig, resolved_from_auto: bool) -> None:
     for u in unused_settings(cfg):
         if u.refused and u.field in AUTO_CRITIC_FIELDS:
             raise ConfigError(f"{u.message} (`model.critic` auto resolved to {cfg.model.critic!r} for this "
-                              "policy's size: config/sizing.py)")
+                              "policy's size and task: config/sizing.py)")

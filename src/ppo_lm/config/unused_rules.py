@@ -102,10 +102,15 @@ def _critic_init_unused(c: TrainConfig, f: Facts) -> str | None:
 
 
 def _separate_critic(c: TrainConfig, f: Facts) -> str | None:
-    if not _spec(c).needs_critic or c.model.critic in ("shared", "auto"):
-        return None  # critic-free: the critic rule says so; auto: shared where the policy is small
-    return (f"is unused: a {c.model.critic} critic (`model.critic`={c.model.critic!r}) has a body of its own, so "
-            "no value-loss gradient reaches the policy's trunk")
+    if not _spec(c).needs_critic or c.model.critic == "shared":
+        return None  # critic-free: the critic rule says so
+    if c.model.critic == "auto":  # below 1 B parameters, shared unless an environment's episodes
+        if c.rollout.env is None:
+            return None
+        kind = "separate critic (`model.critic`='auto' resolves to 'separate' with `rollout.env`)"
+    else:
+        kind = f"{c.model.critic} critic (`model.critic`={c.model.critic!r})"
+    return f"is unused: a {kind} has a body of its own, so no value-loss gradient reaches the policy's trunk"
 
 
 def _sampler_logp_unused(c: TrainConfig, f: Facts) -> str | None:
@@ -259,7 +264,7 @@ def _no_lora(c: TrainConfig, f: Facts) -> str | None:
 def _no_separate_critic(c: TrainConfig, f: Facts) -> str | None:
     if not _spec(c).needs_critic:
         return _no_critic(c, f)
-    if c.model.critic not in ("separate", "auto"):  # auto: separate where the policy is billion-scale
+    if c.model.critic not in ("separate", "auto"):  # auto: separate at billion scale or with rollout.env
         return (f"is unused: `model.critic` is {c.model.critic!r}, and only a separate critic ('separate') takes "
                 "adapters")
     return None
