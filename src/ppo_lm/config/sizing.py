@@ -64,10 +64,10 @@ BILLION = dataclasses.replace(LARGE, name="billion-scale", critic_lr=1e-5, criti
 ENV_CRITIC = "separate"
 """``model.critic`` ``auto`` with ``rollout.env``, whatever the policy's size: on the built-in multi-turn
 task the value head on the policy's features learned less than the separate critic per sampled token in
-both layouts (its explained variance first reached 0.1 after 70–100 iterations, the separate critic's
-after 3–6) and lost GAE's lead where the separate critic held it (docs/critic.md "Measured: a multi-turn
-task"). A turn's value has to read the environment's replies, which the policy's features are not
-trained to weigh."""
+both layouts (its explained variance first reached 0.1 after 70–150 iterations, the separate critic's
+after 3–6), and with 32 prompts × 4, where the separate critic put GAE ahead of REINFORCE++, the head
+put it behind (docs/critic.md "Measured: a multi-turn task"). Untried there: a higher critic rate for
+the head, or ``value_grad_scale`` above 0."""
 
 
 def profile_for(parameters: int) -> SizeProfile:
