@@ -117,9 +117,8 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
         resolved["rollout.max_new_tokens"] = max(limit, r.min_new_tokens)
     if a.bootstrap_truncated == "auto":
         resolved["algo.bootstrap_truncated"] = p.bootstrap_truncated
-    episodes = cfg.model.critic == "auto" and cfg.rollout.env is not None and p.critic != ENV_CRITIC
     if cfg.model.critic == "auto":
-        resolved["model.critic"] = ENV_CRITIC if episodes else p.critic
+        resolved["model.critic"] = ENV_CRITIC if cfg.rollout.env is not None else p.critic
     optim = dataclasses.replace(o, actor_lr=resolved.get("optim.actor_lr", o.actor_lr),
                                 critic_lr=resolved.get("optim.critic_lr", o.critic_lr))
     rollout = dataclasses.replace(r, max_new_tokens=resolved.get("rollout.max_new_tokens", r.max_new_tokens))
@@ -130,7 +129,7 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
     bound = BILLION_PARAMETERS if p is BILLION else LARGE_MODEL_PARAMETERS
     bound_text = f"{bound / 1e9:g} B" if bound >= 1e9 else f"{bound / 1e6:g} M"
     reason = f"policy of {size} parameters, {'<' if p is SMALL else '≥'} {bound_text}: {p.name} model"
-    if episodes and critic:
+    if critic and resolved.get("model.critic", p.critic) != p.critic:  # the environment, not the size, chose it
         reason += f"; {ENV_CRITIC} critic: an environment's episodes"
     model = dataclasses.replace(cfg.model, critic=resolved.get("model.critic", cfg.model.critic))
     return Resolved(dataclasses.replace(cfg, model=model, optim=optim, rollout=rollout, algo=algo), values, reason,

@@ -42,11 +42,11 @@ def body_frozen(model: torch.nn.Module) -> bool:
     if lora.has_adapters(model):
         return False
     try:
-        head = set(scalar_head(model).parameters())
+        head = {id(p) for p in scalar_head(model).parameters()}
     except ValueError:
         return False
-    params = list(model.parameters())
-    return any(p.requires_grad for p in head) and not any(p.requires_grad for p in params if p not in head)
+    trains = {id(p) for p in model.parameters() if p.requires_grad}
+    return bool(trains) and trains <= head
 
 
 def partial(model: torch.nn.Module) -> bool:
@@ -72,9 +72,12 @@ def save_model(model: torch.nn.Module, directory: Path, state: dict) -> None:
 
 def load_model(directory: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The tensors :func:`save_model` wrote for ``model``. A frozen critic's checkpoint written whole
-    (before its head was saved alone) still loads: its body's tensors are the frozen ones."""
-    if body_frozen(model) and (directory / VALUE_HEAD).is_file():
-        return load_file(str(directory / VALUE_HEAD))
+    (before its head was saved alone) still loads, its head alone: the body stays the run's own, which
+    it shares with the reference."""
+    if body_frozen(model):
+        if (directory / VALUE_HEAD).is_file():
+            return load_file(str(directory / VALUE_HEAD))
+        return head_tensors(model, load_weights(directory))
     if not lora.has_adapters(model):
         return load_weights(directory)
     if not (directory / lora.ADAPTER_CONFIG).is_file():
