@@ -208,6 +208,10 @@ class RolloutConfig:
     producer_threads: int | Literal["auto"] = setting("auto", ge=1)
     """With `max_staleness` ≥ 1: torch's CPU threads in the producer's process (the learner keeps
     `threads`). auto: half the learner's, at least 1 (docs/async.md, "The thread split")."""
+    stall_timeout_s: float = setting(1800.0, gt=0, finite=True)
+    """With `max_staleness` ≥ 1: how long the learner or the producer waits on the other with no word from it
+    before the run ends with one line naming what it waited for (docs/async.md, "Resume and failure"). Raise it
+    for an environment whose single batch takes longer."""
     env: str | None = None
     """A multi-turn environment, 'path/to/env.py:Class' or 'module:Class' (docs/environments.md): each
     episode is an instance, reset with a prompt row and a seed, stepped with each turn's text; its turn

@@ -49,6 +49,10 @@ class ProducerDied(UserError):
     """The producer's process ended from outside (a signal: killed, out of memory) or exited early."""
 
 
+class ProducerStalled(UserError):
+    """A wait on the other side made no progress for ``rollout.stall_timeout_s``."""
+
+
 class _RemoteTraceback(Exception):
     """The producer's own traceback, shown as the cause of the :class:`ProducerError`."""
 
@@ -57,16 +61,20 @@ class AsyncSource:
     """``producer`` samples with its own copy of ``learner_lm`` (the learner's language model, whose
     trainable parameters each publish hands over); ``plan(j)`` says what iteration j plays; ``seed_for(j)``
     seeds its sampling generator (on ``device``); ``last``: the run's last iteration; ``threads``: torch's
-    CPU threads in the producer's process (0: torch's default)."""
+    CPU threads in the producer's process (0: torch's default); ``stall_timeout_s``: how long either side
+    waits on the other with no word from it before the run ends (:class:`ProducerStalled`), naming
+    ``checkpoints`` (where the run's checkpoints are) in its line."""
 
     def __init__(self, producer: Producer, plan: Callable[[int], Request], *, samples: int, sampling: SamplingParams,
                  max_staleness: int, seed_for: Callable[[int], int], learner_lm: nn.Module, last: int,
-                 device: torch.device | str = "cpu", threads: int = 0):
+                 device: torch.device | str = "cpu", threads: int = 0, stall_timeout_s: float = 1800.0,
+                 checkpoints: str = "the output folder"):
         if max_staleness < 1:
             raise ValueError("an asynchronous source needs max_staleness ≥ 1 (0 is the synchronous source)")
         self.producer, self.plan, self.samples, self.sampling = producer, plan, samples, sampling
         self.k, self.seed_for, self.learner_lm = max_staleness, seed_for, learner_lm
         self.last, self.device, self.threads = last, str(device), threads
+        self.stall_timeout_s, self.checkpoints = stall_timeout_s, checkpoints
         self._cv = threading.Condition()
         self._proc: subprocess.Popen | None = None
         self.waited = {"learner_wait_s": 0.0, "producer_wait_s": 0.0}
@@ -81,24 +89,28 @@ class AsyncSource:
         self._published = self._floor = at
         self._took, self._error, self._finished = at - 1, None, False
         first = max([at, *self._ready]) + 1
+        # the first version the producer copies out of the box: a checkpoint holding k + 1 batches ahead
+        # (the last sampled with version `at`) starts it at version at + 1, so `at` is never taken
+        self._first_need = max(at, first - 1 - self.k)
         trainable = [(n, p) for n, p in self.learner_lm.named_parameters() if p.requires_grad]
         self._params = [p for _, p in trainable]
         self._box = WeightBox.create(trainable)
         self.layout = self._box.layout
         try:
             spec = ProducerSpec(self.producer, self.plan, self.samples, self.sampling, self.k, at, first, self.last,
-                                self.seed_for, self.device, self.threads, self._box.path, self._box.layout)
+                                self.seed_for, self.device, self.threads, self._box.path, self._box.layout,
+                                self.stall_timeout_s)
             blob = pickle.dumps(spec)
             self._spawn()
             self._conn.send(([p for p in sys.path if p], blob))
-            self._wait(lambda: self._started)
+            self._wait(lambda: self._started, "the producer's process to start")
         finally:
             self._box.unlink()  # mapped on both sides by now (or never to be): nothing left on disk
 
     def take(self, iteration: int) -> TrajectoryBatch:
         if self._proc is None:
             self.start(iteration - 1)
-        self._wait(lambda: iteration in self._ready)
+        self._wait(lambda: iteration in self._ready, f"the batch of iteration {iteration}")
         with self._cv:
             return self._ready.pop(iteration)
 
@@ -110,12 +122,13 @@ class AsyncSource:
         self._published = version
         if version > max(self._floor, self.last - 1 - self.k):
             return
-        self._wait(lambda: self._took >= version - 1)
+        if version - 1 >= self._first_need:  # the producer copies version − 1 out before it is overwritten
+            self._wait(lambda: self._took >= version - 1, f"the producer to copy the weights of version {version - 1}")
         self._box.write(self._params)
         try:
             self._conn.send(("weights", version))
         except OSError:  # the producer is gone: the receiver says how
-            self._wait(lambda: False)
+            self._wait(lambda: False, "the producer's process, which is gone")
 
     def pending(self) -> list[TrajectoryBatch]:
         """The batches sampled ahead and not yet taken, in order — every one sampled with weights older
@@ -123,7 +136,9 @@ class AsyncSource:
         if self._proc is None:
             return []
         ahead = range(self._published + 1, min(self._published + self.k, self.last) + 1)
-        self._wait(lambda: all(j in self._ready for j in ahead))
+        what = (f"the batch of iteration {ahead.start}" if len(ahead) == 1
+                else f"the batches of iterations {ahead.start}–{ahead.stop - 1}")
+        self._wait(lambda: all(j in self._ready for j in ahead), what)
         with self._cv:
             return [self._ready[j] for j in sorted(self._ready)]
 
@@ -145,7 +160,7 @@ class AsyncSource:
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair()
         death_read, self._death = os.pipe()  # only this process holds the write end
-        self._started = False
+        self._started, self._heard = False, 0
         self._proc = subprocess.Popen(
             [sys.executable, "-u", "-c", BOOT, str(theirs.fileno()), str(death_read), PACKAGE_ROOT],
             pass_fds=(theirs.fileno(), death_read), start_new_session=True)  # a terminal's Ctrl-C: the learner's
@@ -161,6 +176,7 @@ class AsyncSource:
             while True:
                 message = self._conn.recv()
                 with self._cv:
+                    self._heard += 1
                     self._note(message)
                     self._cv.notify_all()
         except (EOFError, OSError):
@@ -189,18 +205,27 @@ class AsyncSource:
         elif kind == "error":
             self._error = _rebuilt(message[1])
 
-    def _wait(self, ready: Callable[[], bool]) -> None:
-        """Wait (as the learner; counted in ``learner_wait_s``) until ``ready()``, raising the producer's error."""
+    def _wait(self, ready: Callable[[], bool], what: str) -> None:
+        """Wait (as the learner; counted in ``learner_wait_s``) until ``ready()``, raising the producer's
+        error — or :class:`ProducerStalled` once ``stall_timeout_s`` pass with no message from it."""
         t0 = time.perf_counter()
         with self._cv:
+            heard = self._heard
+            since = time.monotonic()
             while not ready():
                 if self._error is not None:
                     raise self._error
                 if self._finished:
                     raise ProducerError("the producer ended without what the learner waits for")
-                self._cv.wait(timeout=1.0)
+                if self._heard != heard:
+                    heard, since = self._heard, time.monotonic()
+                elif time.monotonic() - since > self.stall_timeout_s:
+                    raise ProducerStalled(
+                        f"the learner waited {self.stall_timeout_s:g} s for {what} with no word from the producer "
+                        f"(pid {self._proc.pid}); the checkpoints so far are in {self.checkpoints}: continue with "
+                        "`--resume`, or give a slow environment more time with `--rollout.stall-timeout-s`")
+                self._cv.wait(timeout=min(1.0, self.stall_timeout_s))
         self.waited["learner_wait_s"] += time.perf_counter() - t0
-
 
 def _rebuilt(payload) -> BaseException:
     if isinstance(payload, UserError):  # a user's environment or tool: its own one-line error

@@ -36,6 +36,10 @@ from .trajectory import TrajectoryBatch
 from .weight_box import BoxLayout, WeightBox
 
 
+class ProducerWaitedTooLong(UserError):
+    """The learner sent no weights for ``rollout.stall_timeout_s``."""
+
+
 @dataclass
 class ProducerSpec:
     """What the producer's process samples: iterations ``first`` … ``last`` of ``plan``, iteration j with
@@ -55,6 +59,7 @@ class ProducerSpec:
     threads: int
     box_path: str
     layout: BoxLayout
+    stall_timeout_s: float = 1800.0
 
 
 def run(spec: ProducerSpec, conn: Connection) -> None:
@@ -73,6 +78,11 @@ def run(spec: ProducerSpec, conn: Connection) -> None:
         t0 = time.perf_counter()
         if held != need:
             while in_box < need:
+                if not conn.poll(spec.stall_timeout_s):
+                    raise ProducerWaitedTooLong(
+                        f"the producer waited {spec.stall_timeout_s:g} s for the learner's weights of version {need} "
+                        "with no word from the learner; its checkpoints so far are intact: continue with `--resume`, "
+                        "or give it more time with `--rollout.stall-timeout-s`")
                 kind, in_box = conn.recv()
             box.read_into(targets)
             held = need
@@ -92,6 +102,8 @@ def _report(conn: Connection, e: BaseException) -> None:
     message and traceback."""
     payload: object = (type(e).__name__, str(e), traceback.format_exc())
     if isinstance(e, UserError):
+        if isinstance(e, ProducerWaitedTooLong):  # seen even where the learner is stuck
+            print(f"ppo-lm producer: {e}", file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):
             pickle.loads(pickle.dumps(e))
             payload = e

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -241,7 +242,8 @@ def build_source(cfg: TrainConfig, models: Models, sampler: Sampler, training: T
     return AsyncSource(producer, plan, samples=r.samples_per_prompt, sampling=sampler.sampling,
                        max_staleness=r.max_staleness, learner_lm=models.policy.lm, last=cfg.iterations,
                        seed_for=functools.partial(schedule.producer_sampling_seed, cfg.seed, dist.rank()),
-                       device=device, threads=producer_threads(cfg))
+                       device=device, threads=producer_threads(cfg), stall_timeout_s=r.stall_timeout_s,
+                       checkpoints=str(Path(cfg.output_dir).resolve()))
 
 
 def producer_threads(cfg: TrainConfig) -> int:
