@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 from trainer_helpers import count_sevens, tiny_config
 
 from ppo_lm.algorithms import policy_loss
-from ppo_lm.algorithms.off_policy import OFF_POLICY_CORRECTIONS, CorrectionSettings, off_policy_weights
+from ppo_lm.algorithms.off_policy import (
+    OFF_POLICY_CORRECTIONS,
+    CorrectionSettings,
+    off_policy_weights,
+    resolve_correction,
+)
 from ppo_lm.trainer.ppo import PPOTrainer
 
 
@@ -28,47 +33,111 @@ def _batch(seed: int, B: int = 5, T: int = 7, spread: float = 0.8):
     return prox, behav, mask
 
 
-def _naive(prox, behav, mask, name, s: CorrectionSettings):
+# the references' own rules, token by token: (weight, kept?) of token t given w_t and its response's ratios
+def _reference(name: str, w: float, ws: list[float], s: CorrectionSettings) -> tuple[float, bool]:
+    seq = math.prod(ws)
+    geo = math.exp(sum(map(math.log, ws)) / len(ws))
+    return {
+        "decoupled": (w, w <= s.cap),  # AReaL: behav_imp_weight_cap zeroes tokens above the cap
+        "tis": (min(w, s.cap), True),
+        "token-mask": (w, s.low <= w <= s.high),  # IcePop: w kept inside [α, β], 0 outside
+        "sequence-tis": (min(seq, s.cap), True),  # verl rollout_is "sequence": the capped product
+        "sequence-mask": (1.0, s.low <= geo <= s.high),  # verl rollout_rs "geometric"
+        "none": (1.0, True),
+    }[name]
+
+
+def _naive(prox, behav, mask, name, s: CorrectionSettings, band: str | None = None):
+    """The weights by a loop over responses and tokens; ``band``: a mask part in place of the correction's own."""
     B, T = mask.shape
     out = torch.zeros(B, T, dtype=torch.double)
     for i in range(B):
         tokens = [t for t in range(T) if mask[i, t]]
-        logs = [float(prox[i, t]) - float(behav[i, t]) for t in tokens]
-        geo = math.exp(sum(logs) / len(logs)) if logs else 1.0
-        for t, lw in zip(tokens, logs):
-            w = math.exp(lw)
-            out[i, t] = {"decoupled": w, "tis": min(w, s.cap), "token-mask": float(s.low <= w <= s.high),
-                         "sequence-mask": float(s.low <= geo <= s.high)}[name]
+        ws = [math.exp(float(prox[i, t]) - float(behav[i, t])) for t in tokens]
+        vetoed = s.veto is not None and any(w < s.veto for w in ws)
+        for t, w in zip(tokens, ws):
+            weight, kept = _reference(name, w, ws, s)
+            if band == "token-band":
+                kept = s.low <= w <= s.high
+            elif band == "token-cap":
+                kept = w <= s.cap
+            elif band == "none":
+                kept = True
+            out[i, t] = weight if kept and not vetoed else 0.0
     return out
 
 
-@pytest.mark.parametrize("name", sorted(OFF_POLICY_CORRECTIONS))
-def test_each_correction_matches_a_naive_loop(name):
-    s = CorrectionSettings(cap=1.5, low=0.7, high=1.4)
+NAMES = sorted(OFF_POLICY_CORRECTIONS) + ["none"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("veto", [None, 0.5])
+def test_each_correction_matches_a_naive_loop(name, veto):
+    s = CorrectionSettings(cap=1.5, low=0.7, high=1.4, veto=veto)
     for seed in range(30):
         prox, behav, mask = _batch(seed)
-        got, stats = off_policy_weights(prox, behav, mask, name, s)
+        got, sums = off_policy_weights(prox, behav, mask, name, s)
         want = _naive(prox, behav, mask, name, s)
         assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-6), seed
         assert not got[~mask].any()
+        stats = sums.metrics()
         n = int(mask.sum())
         if n:
             ws = [math.exp(float(prox[i, t] - behav[i, t])) for i, t in mask.nonzero().tolist()]
-            assert float(stats["is_weight_mean"]) == pytest.approx(sum(ws) / n, rel=1e-5)
-            assert float(stats["is_weight_max"]) == pytest.approx(max(ws), rel=1e-5)
-            assert float(stats["kl_behav_prox"]) == pytest.approx(sum(w - 1 - math.log(w) for w in ws) / n,
-                                                                 rel=1e-4, abs=1e-7)
-            cut = {"decoupled": 0, "tis": sum(w > s.cap for w in ws)}.get(name, int((want[mask] == 0).sum()))
-            assert float(stats["off_policy_cut_frac"]) == pytest.approx(cut / n)
+            assert stats["is_weight_mean"] == pytest.approx(sum(ws) / n, rel=1e-5)
+            assert stats["is_weight_max"] == pytest.approx(max(ws), rel=1e-5)
+            assert stats["kl_behav_prox"] == pytest.approx(sum(w - 1 - math.log(w) for w in ws) / n, rel=1e-4, abs=1e-7)
+            zeroed = int((want[mask] == 0).sum())
+            assert stats["off_policy_masked_frac"] == pytest.approx(zeroed / n)
+            c = want[mask]
+            assert stats["is_ess"] == pytest.approx(float(c.sum()) ** 2 / (n * float((c * c).sum())) if c.any() else 0,
+                                                    rel=1e-6)
+            responses = [i for i in range(mask.shape[0]) if mask[i].any()]
+            vetoed = [i for i in responses if veto and any(
+                math.exp(float(prox[i, t] - behav[i, t])) < veto for t in range(mask.shape[1]) if mask[i, t])]
+            assert stats["off_policy_vetoed_frac"] == pytest.approx(len(vetoed) / len(responses))
+
+
+@pytest.mark.parametrize("name", ["tis", "sequence-tis", "decoupled"])
+@pytest.mark.parametrize("band", ["token-band", "token-cap", "none"])
+def test_a_mask_part_composes_with_any_weight(name, band):
+    s = CorrectionSettings(cap=1.5, low=0.7, high=1.4, veto=0.3)
+    for seed in range(20):
+        prox, behav, mask = _batch(seed, spread=1.0)
+        got, _ = off_policy_weights(prox, behav, mask, resolve_correction(name, band), s)
+        assert torch.allclose(got.double(), _naive(prox, behav, mask, name, s, band), rtol=1e-5, atol=1e-6), seed
+
+
+def test_a_huge_sequence_ratio_is_capped_without_overflow():
+    T = 400
+    prox, behav, mask = torch.zeros(1, T), torch.full((1, T), -1.0), torch.ones(1, T, dtype=torch.bool)  # Π w = e^400
+    c, sums = off_policy_weights(prox, behav, mask, "sequence-tis", CorrectionSettings(cap=3.0))
+    assert torch.allclose(c, torch.full_like(c, 3.0)) and sums.metrics()["off_policy_truncated_frac"] == 1
+
+
+def test_statistics_summed_over_shards_are_the_whole_batchs():
+    """Two ranks holding unequal shares: their sums, reduced, give what the whole batch gives."""
+    prox, behav, mask = _batch(4, B=9, T=8, spread=1.2)
+    s = CorrectionSettings(cap=1.5, veto=0.2)
+    _, whole = off_policy_weights(prox, behav, mask, "tis", s)
+    shards = [off_policy_weights(prox[a:b], behav[a:b], mask[a:b], "tis", s)[1] for a, b in ((0, 2), (2, 9))]
+    theirs = {}  # rank 1's side of each collective, as rank 0's all-reduce would receive it
+    shards[1].reduced(lambda t: theirs.setdefault("sum", t), lambda t: theirs.setdefault("max", t))
+    total = shards[0].reduced(lambda t: t + theirs["sum"], lambda t: torch.maximum(t, theirs["max"]))
+    assert total.metrics() == pytest.approx(whole.metrics(), rel=1e-6)  # float32 sums in another order
+    per_rank_mean = sum(x.metrics()["is_weight_mean"] for x in shards) / 2
+    assert per_rank_mean != pytest.approx(whole.metrics()["is_weight_mean"], rel=1e-6)  # what the old mean of means gave
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000), name=st.sampled_from(sorted(OFF_POLICY_CORRECTIONS)))
+@given(seed=st.integers(0, 10_000), name=st.sampled_from(NAMES))
 def test_the_same_policy_needs_no_correction(seed, name):
     _, behav, mask = _batch(seed)
-    c, stats = off_policy_weights(behav.clone(), behav, mask, name)
+    c, sums = off_policy_weights(behav.clone(), behav, mask, name, CorrectionSettings(veto=0.5))
     assert torch.equal(c, mask.to(c.dtype))
-    assert float(stats["off_policy_cut_frac"]) == 0 and float(stats["kl_behav_prox"]) == 0
+    stats = sums.metrics()
+    assert stats["off_policy_cut_frac"] == 0 and stats["kl_behav_prox"] == 0
+    assert stats["is_ess"] == (1 if mask.any() else 0)
 
 
 def test_the_weights_scale_each_tokens_surrogate():
@@ -129,10 +198,12 @@ def test_a_correction_with_the_samplers_logp_is_refused(tmp_path):
 def test_none_chosen_leaves_every_weight_at_one_and_says_what_the_lag_did():
     for seed in range(10):
         prox, behav, mask = _batch(seed)
-        c, stats = off_policy_weights(prox, behav, mask, "none")
-        _, decoupled = off_policy_weights(prox, behav, mask, "decoupled")
+        c, sums = off_policy_weights(prox, behav, mask, "none")
+        _, tis = off_policy_weights(prox, behav, mask, "tis")
         assert torch.equal(c, mask.to(c.dtype))
-        assert {k: float(v) for k, v in stats.items()} == {k: float(v) for k, v in decoupled.items()}
+        stats, corrected = sums.metrics(), tis.metrics()
+        assert {k: stats[k] for k in ("is_weight_mean", "is_weight_max", "kl_behav_prox")} == \
+            {k: corrected[k] for k in ("is_weight_mean", "is_weight_max", "kl_behav_prox")}
 
 
 def test_a_stale_run_with_none_chosen_logs_the_ratios_it_does_not_correct(tmp_path):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..algorithms.off_policy import CorrectionName
+from ..algorithms.off_policy import CorrectionName, MaskName
 from ..algorithms.registry import EstimatorName
 from ..runtime.settings import setting
 from ..tasks.equations import BUILTIN_HEADS
@@ -293,17 +293,27 @@ class AlgoConfig:
     """Dual-clip constant c > 1 for negative advantages; None = off."""
     off_policy_correction: CorrectionName | None = None
     """How the policy loss corrects for tokens the clipping policy π_prox (logp_old, the learner's scoring
-    forward) did not sample itself — the sampler π_behav's log-probabilities differ (docs/algorithm.md §1.6):
-    None (not chosen: no correction, and `rollout.max_staleness` ≥ 1 refuses to start); 'none' (chosen:
-    no correction, its statistics still logged); 'decoupled' (each token's clipped term weighted by π_prox/π_behav); 'tis' (that weight
-    truncated at `algo.is_cap`); 'token-mask' / 'sequence-mask' (tokens, or whole responses by their
-    geometric-mean ratio, outside [`algo.is_band_low`, `algo.is_band_high`] carry no gradient)."""
+    forward) did not sample itself — the sampler π_behav's log-probabilities differ, w = π_prox/π_behav
+    (docs/algorithm.md §1.6): None (not chosen: no correction, and `rollout.max_staleness` ≥ 1 refuses to
+    start); 'none' (chosen: weights 1, the statistics still logged); 'decoupled' (weight w, tokens with
+    w > `algo.is_cap` dropped: AReaL); 'tis' (weight min(w, `algo.is_cap`)); 'token-mask' (weight w inside
+    [`algo.is_band_low`, `algo.is_band_high`], 0 outside: IcePop); 'sequence-tis' (the response's Π w,
+    truncated at `algo.is_cap`, on each of its tokens); 'sequence-mask' (responses whose geometric-mean w
+    leaves the band dropped)."""
+    off_policy_mask: MaskName | None = None
+    """The correction's mask part replaced (docs/algorithm.md §1.6): 'token-band' (IcePop's band),
+    'sequence-band' (the geometric mean's band), 'token-cap' (w ≤ `algo.is_cap`), 'none' (no mask); None =
+    the correction's own. E.g. 'tis' weights with IcePop's band: `off_policy_correction: tis`,
+    `off_policy_mask: token-band`."""
+    is_veto: float | None = setting(None, gt=0, lt=1)
+    """A response holding any token with w below this floor carries no gradient at all (verl's
+    `rollout_token_veto_threshold`; e.g. 1e-4); None = no veto."""
     is_cap: float = setting(2.0, gt=1, finite=True)
-    """C of `algo.off_policy_correction` 'tis': importance weights above it are truncated to it."""
+    """C of the truncated weights ('tis', 'sequence-tis') and of the cap mask ('decoupled', 'token-cap')."""
     is_band_low: float = setting(0.5, gt=0, le=1)
-    """Lower end of the masks' band of importance weights (`algo.off_policy_correction` '*-mask')."""
+    """Lower end of the band of importance ratios ('token-mask', 'sequence-mask', the '*-band' masks)."""
     is_band_high: float = setting(2.0, ge=1, finite=True)
-    """Upper end of the masks' band of importance weights (`algo.off_policy_correction` '*-mask')."""
+    """Upper end of the band of importance ratios ('token-mask', 'sequence-mask', the '*-band' masks)."""
     value_clip_eps: float | None = setting(0.2, gt=0)
     """Value clipping ε_v (docs/algorithm.md §1.4), in reward units: the loss takes the larger of (V − R̂)² and
     (clip(V, V_old ± ε_v) − R̂)²; None = unclipped."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..algorithms import get_advantage_estimator
+from ..algorithms.off_policy import resolve_correction
 from .specs import is_model_path, reward_specs
 from .train import TrainConfig
 
@@ -158,14 +159,21 @@ def _no_correction(c: TrainConfig, f: Facts) -> str | None:
     return None
 
 
-def _not_tis(c: TrainConfig, f: Facts) -> str | None:
-    oc = c.algo.off_policy_correction
-    return None if oc == "tis" else f"is unused: `algo.off_policy_correction` is {oc!r}, not 'tis'"
+def _parts(c: TrainConfig):
+    return resolve_correction(c.algo.off_policy_correction or "none", c.algo.off_policy_mask)
 
 
-def _not_a_mask(c: TrainConfig, f: Facts) -> str | None:
-    oc = c.algo.off_policy_correction
-    return None if (oc or "").endswith("-mask") else f"is unused: `algo.off_policy_correction` is {oc!r}, not a mask"
+def _uncapped(c: TrainConfig, f: Facts) -> str | None:
+    p = _parts(c)
+    if p.weight.endswith("-truncated") or p.mask == "token-cap":
+        return None
+    return f"is unused: `algo.off_policy_correction` {c.algo.off_policy_correction!r} truncates or caps nothing"
+
+
+def _no_band(c: TrainConfig, f: Facts) -> str | None:
+    if (_parts(c).mask or "").endswith("-band"):
+        return None
+    return f"is unused: `algo.off_policy_correction` {c.algo.off_policy_correction!r} has no band mask"
 
 
 def _correction_of_nothing(c: TrainConfig, f: Facts) -> str | None:
@@ -318,11 +326,13 @@ RULES: tuple[Rule, ...] = (
     # Off-policy corrections (docs/algorithm.md §1.6) and the asynchronous producer (docs/async.md).
     Rule(("rollout.producer_threads", "rollout.stall_timeout_s"), _synchronous,
          "leave it out, or set `rollout.max_staleness` ≥ 1"),
-    Rule(("algo.is_cap", "algo.is_band_low", "algo.is_band_high"), _no_correction,
-         "leave it out, or set `algo.off_policy_correction`"),
-    Rule(("algo.is_cap",), _not_tis, "leave it out, or set `algo.off_policy_correction` to 'tis'"),
-    Rule(("algo.is_band_low", "algo.is_band_high"), _not_a_mask,
-         "leave it out, or set `algo.off_policy_correction` to 'token-mask' or 'sequence-mask'"),
+    Rule(("algo.is_cap", "algo.is_band_low", "algo.is_band_high", "algo.off_policy_mask", "algo.is_veto"),
+         _no_correction, "leave it out, or set `algo.off_policy_correction`"),
+    Rule(("algo.is_cap",), _uncapped,
+         "leave it out, or set `algo.off_policy_correction` to 'tis', 'sequence-tis' or 'decoupled'"),
+    Rule(("algo.is_band_low", "algo.is_band_high"), _no_band,
+         "leave it out, or set `algo.off_policy_correction` to 'token-mask' or 'sequence-mask' (or "
+         "`algo.off_policy_mask` to a band)"),
     Rule(("algo.off_policy_correction",), _correction_of_nothing,
          "leave it out, or leave out `rollout.logp_from_sampler`"),
     # An environment's rewards replace the reward; without one, its settings do nothing.

@@ -36,7 +36,7 @@ from ..runtime import distributed as dist
 from ..runtime.timing import Timer
 from . import credit
 from .assemble import assemble
-from .correction import off_policy_correction
+from .correction import off_policy_correction, staleness_metrics
 from .diagnostics import episode_returns, rollout_metrics, throughput
 from .evaluation import held_out_metrics
 from .preflight import preflight
@@ -176,8 +176,7 @@ class PPOTrainer:
             self._warn_no_signal(metrics["score_max"])
         metrics.update(off_policy)
         if cfg.rollout.max_staleness and batch.versions is not None:  # how old the sampling weights were
-            lag = (iteration - 1 - batch.versions).double()
-            metrics.update(staleness_mean=float(lag.mean()), staleness_max=float(lag.max()), **self.source.waited)
+            metrics.update(staleness_metrics(batch, mask, iteration), **self.source.waited)
         metrics.update(upd.stats.as_dict())
         metrics["lr_actor"] = upd.lr_actor
         if upd.lr_critic is not None:
