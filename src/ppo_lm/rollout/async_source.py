@@ -86,6 +86,7 @@ class AsyncSource:
         if self._proc is not None:
             return
         self._ready = {b.iteration: b for b in pending}
+        self._timing: dict[int, dict[str, float]] = {}
         self._published = self._floor = at
         self._took, self._error, self._finished = at - 1, None, False
         first = max([at, *self._ready]) + 1
@@ -113,6 +114,12 @@ class AsyncSource:
         self._wait(lambda: iteration in self._ready, f"the batch of iteration {iteration}")
         with self._cv:
             return self._ready.pop(iteration)
+
+    def producer_metrics(self, iteration: int) -> dict[str, float]:
+        """How the producer sampled ``iteration``'s batch, on its own clock: ``producer_decode_s`` (sampling
+        and the environments) and ``producer_idle_s`` (waiting for the weights it needed); {} for a batch a
+        checkpoint kept."""
+        return self._timing.pop(iteration, {}) if self._proc is not None else {}
 
     def publish(self, version: int) -> None:
         """The learner's weights after iteration ``version``, written into the box once the producer has
@@ -199,7 +206,8 @@ class AsyncSource:
             self._took = message[1]
         elif kind == "batch":
             self._ready[message[1].iteration] = message[1]
-            self.waited["producer_wait_s"] += message[2]
+            self._timing[message[1].iteration] = message[2]
+            self.waited["producer_wait_s"] += message[2]["producer_idle_s"]
         elif kind == "done":
             self._finished = True
         elif kind == "error":

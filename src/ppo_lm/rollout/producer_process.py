@@ -7,8 +7,9 @@ own: iteration after iteration it copies the weights the iteration needs out of 
 the iteration's trajectories and sends them. It ends when the learner closes the pipe ``DEATH_FD``
 or dies (even by SIGKILL), taking its environment's workers with it.
 
-Messages it sends: ``("ready",)``, ``("took", version)``, ``("batch", TrajectoryBatch, seconds it
-waited for those weights)``, ``("done",)`` after the last iteration, ``("error", exception or
+Messages it sends: ``("ready",)``, ``("took", version)``, ``("batch", TrajectoryBatch, timing)`` — the
+seconds it waited for the weights (``producer_idle_s``), sampled (``producer_decode_s``: decoding and
+the environments), ``("done",)`` after the last iteration, ``("error", exception or
 (type name, message, traceback))``. It receives ``("weights", version)`` once the learner has
 written that version into the box.
 """
@@ -89,11 +90,13 @@ def run(spec: ProducerSpec, conn: Connection) -> None:
             producer.engine.update_weights(need)
             conn.send(("took", need))
         waited = time.perf_counter() - t0
+        t1 = time.perf_counter()
         request = spec.plan(j)
         generator = torch.Generator(device=spec.device).manual_seed(spec.seed_for(j))
         trajectories = producer.produce(request.rows, samples=spec.samples, sampling=spec.sampling,
                                         generator=generator, seeds=request.seeds)
-        conn.send(("batch", TrajectoryBatch(trajectories, spec.samples, producer.environment, j), waited))
+        timing = {"producer_idle_s": waited, "producer_decode_s": time.perf_counter() - t1}
+        conn.send(("batch", TrajectoryBatch(trajectories, spec.samples, producer.environment, j), timing))
     conn.send(("done",))
 
 

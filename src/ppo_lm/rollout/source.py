@@ -72,6 +72,9 @@ class SyncSource:
     def publish(self, version: int) -> None:
         pass  # it samples with the engine, which the learner updates itself
 
+    def producer_metrics(self, iteration: int) -> dict[str, float]:
+        return {}  # the learner samples: its own `generate_s` is the producer's time
+
     def pending(self) -> list[TrajectoryBatch]:
         return []
 

@@ -95,8 +95,13 @@ class PPOTrainer:
         timer = Timer()
         batch = self.rollout(iteration, timer)
         done = self.learn(batch, iteration, timer)
-        self.engine.update_weights(iteration)  # the weights after this iteration's update
-        self.source.publish(iteration)
+        with timer("publish_s"):  # an asynchronous learner may wait here for its producer: in iteration_s
+            self.engine.update_weights(iteration)  # the weights after this iteration's update
+            self.source.publish(iteration)
+        producer = self.source.producer_metrics(iteration)  # an asynchronous producer's own clock
+        done.metrics.update(throughput(timer, batch.loss_mask, batch.size * self.world, epochs=self.cfg.optim.epochs,
+                                       asynchronous=bool(self.cfg.rollout.max_staleness),
+                                       sampled_s=producer.get("producer_decode_s")), **producer)
         return done
 
     def rollout(self, iteration: int, timer: Timer | None = None) -> RolloutBatch:
@@ -116,7 +121,7 @@ class PPOTrainer:
 
     def learn(self, batch: RolloutBatch, iteration: int, timer: Timer | None = None) -> Iteration:
         """Steps 2–5 on this rank's share of a rollout; statistics are global over ranks. ``timer``: the
-        one the rollout was timed with (its start is the iteration's)."""
+        one the rollout was timed with; :meth:`train_iteration` adds the rates once it has published."""
         cfg, a = self.cfg, self.cfg.algo
         timer = timer if timer is not None else Timer()
         beta = self.kl_ctl.value
@@ -183,7 +188,6 @@ class PPOTrainer:
             metrics["lr_critic"] = upd.lr_critic
         metrics["nonfinite_skipped_total"] = float(self.state.nonfinite_total)
         self.kl_ctl.update(metrics["ref_kl"], batch.size * self.world)
-        metrics.update(throughput(timer, mask, batch.size * self.world, epochs=cfg.optim.epochs))
         targets = credit.CreditTargets(rewards, raw_advantages, advantages, returns, reward_beta)
         return Iteration(metrics, batch, targets)
 
