@@ -114,3 +114,47 @@ def test_a_learner_that_stalls_ends_the_producer_with_one_line(tmp_path, monkeyp
     monkeypatch.setattr(tr, "learn", slow_learn)
     with pytest.raises(ProducerWaitedTooLong, match="waited 5 s for the learner's weights of version 1"):
         tr.train()
+
+
+def test_the_weight_box_leaves_no_file_and_a_box_too_large_fails_in_one_line(tmp_path, monkeypatch):
+    """The box has no name to leave behind (anonymous memory, or a file removed as it is opened), and its
+    whole size is reserved before the first write: too little room is one line naming the fix."""
+    import errno
+    import os
+
+    from ppo_lm.rollout.weight_box import BoxTooLarge, WeightBox
+
+    params = [("w", torch.randn(300, 40)), ("b", torch.randn(7))]
+    for folder in (None, str(tmp_path)):
+        box = WeightBox.create(params, folder)
+        assert not list(tmp_path.iterdir())
+        out = [torch.empty(300, 40), torch.empty(7)]
+        box.read_into(out)
+        assert all(torch.equal(a, p) for a, (_, p) in zip(out, params))
+        box.close_fd()
+
+    class Full:
+        f_bavail, f_frsize = 10, 4096  # 40 kB free
+
+    monkeypatch.setattr(os, "statvfs", lambda path: Full())
+    with pytest.raises(BoxTooLarge, match=r"needs 0 MB and .* has 0 MB free: give the container more shared "
+                                          r"memory \(`docker run --shm-size=...`\), or set `rollout.weight_box_dir`"):
+        WeightBox.create(params, str(tmp_path))
+    monkeypatch.undo()
+
+    def no_room(fd, offset, size):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", no_room)
+    with pytest.raises(BoxTooLarge, match="memory could not hold it .* set `rollout.weight_box_dir` to a folder on disk"):
+        WeightBox.create(params)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_run_with_a_file_backed_box_trains_and_leaves_the_folder_empty(tmp_path):
+    box = tmp_path / "box"
+    box.mkdir()
+    history = PPOTrainer(tiny_config(tmp_path / "run", rollout__weight_box_dir=str(box), **dict(_kw(1), iterations=3)),
+                         verifier=count_sevens).train()
+    assert len(history) == 3 and history[-1]["staleness_max"] == 1
+    assert not list(box.iterdir())

@@ -212,6 +212,9 @@ class RolloutConfig:
     """With `max_staleness` ≥ 1: how long the learner or the producer waits on the other with no word from it
     before the run ends with one line naming what it waited for (docs/async.md, "Resume and failure"). Raise it
     for an environment whose single batch takes longer."""
+    weight_box_dir: str | None = None
+    """With `max_staleness` ≥ 1: a folder on disk for the box the learner hands its weights to the producer
+    through (a file removed as soon as it is opened); None = anonymous shared memory (docs/async.md)."""
     env: str | None = None
     """A multi-turn environment, 'path/to/env.py:Class' or 'module:Class' (docs/environments.md): each
     episode is an instance, reset with a prompt row and a seed, stepped with each turn's text; its turn

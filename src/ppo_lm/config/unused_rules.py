@@ -324,7 +324,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("algo.clip_eps", "algo.clip_eps_high", "algo.dual_clip"), _unclipped,
          "leave it out, or set `algo.policy_loss` to 'ppo'"),
     # Off-policy corrections (docs/algorithm.md §1.6) and the asynchronous producer (docs/async.md).
-    Rule(("rollout.producer_threads", "rollout.stall_timeout_s"), _synchronous,
+    Rule(("rollout.producer_threads", "rollout.stall_timeout_s", "rollout.weight_box_dir"), _synchronous,
          "leave it out, or set `rollout.max_staleness` ≥ 1"),
     Rule(("algo.is_cap", "algo.is_band_low", "algo.is_band_high", "algo.off_policy_mask", "algo.is_veto"),
          _no_correction, "leave it out, or set `algo.off_policy_correction`"),

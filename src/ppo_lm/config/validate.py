@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -144,6 +145,10 @@ def _check_async(cfg: TrainConfig) -> None:
     if cfg.model.fsdp:
         raise ConfigError(f"`rollout.max_staleness`={k} with `model.fsdp`: the producer keeps a whole copy of the "
                           "policy, which a sharded run does not hold; use DDP, or set `rollout.max_staleness` 0")
+    folder = cfg.rollout.weight_box_dir
+    if folder is not None and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        raise ConfigError(f"`rollout.weight_box_dir`={folder!r} is not a folder this process can write: create it, "
+                          "or leave `rollout.weight_box_dir` out (the weights then go through anonymous memory)")
 
 
 def resolve_algo(a: AlgoConfig) -> AlgoConfig:

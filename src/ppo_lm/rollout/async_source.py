@@ -63,18 +63,19 @@ class AsyncSource:
     seeds its sampling generator (on ``device``); ``last``: the run's last iteration; ``threads``: torch's
     CPU threads in the producer's process (0: torch's default); ``stall_timeout_s``: how long either side
     waits on the other with no word from it before the run ends (:class:`ProducerStalled`), naming
-    ``checkpoints`` (where the run's checkpoints are) in its line."""
+    ``checkpoints`` (where the run's checkpoints are) in its line; ``box_dir``: the folder of a file-backed
+    weight box (None: anonymous memory)."""
 
     def __init__(self, producer: Producer, plan: Callable[[int], Request], *, samples: int, sampling: SamplingParams,
                  max_staleness: int, seed_for: Callable[[int], int], learner_lm: nn.Module, last: int,
                  device: torch.device | str = "cpu", threads: int = 0, stall_timeout_s: float = 1800.0,
-                 checkpoints: str = "the output folder"):
+                 checkpoints: str = "the output folder", box_dir: str | None = None):
         if max_staleness < 1:
             raise ValueError("an asynchronous source needs max_staleness ≥ 1 (0 is the synchronous source)")
         self.producer, self.plan, self.samples, self.sampling = producer, plan, samples, sampling
         self.k, self.seed_for, self.learner_lm = max_staleness, seed_for, learner_lm
         self.last, self.device, self.threads = last, str(device), threads
-        self.stall_timeout_s, self.checkpoints = stall_timeout_s, checkpoints
+        self.stall_timeout_s, self.checkpoints, self.box_dir = stall_timeout_s, checkpoints, box_dir
         self._cv = threading.Condition()
         self._proc: subprocess.Popen | None = None
         self.waited = {"learner_wait_s": 0.0, "producer_wait_s": 0.0}
@@ -95,18 +96,18 @@ class AsyncSource:
         self._first_need = max(at, first - 1 - self.k)
         trainable = [(n, p) for n, p in self.learner_lm.named_parameters() if p.requires_grad]
         self._params = [p for _, p in trainable]
-        self._box = WeightBox.create(trainable)
+        self._box = WeightBox.create(trainable, self.box_dir)  # nameless: nothing to leave behind
         self.layout = self._box.layout
         try:
             spec = ProducerSpec(self.producer, self.plan, self.samples, self.sampling, self.k, at, first, self.last,
-                                self.seed_for, self.device, self.threads, self._box.path, self._box.layout,
+                                self.seed_for, self.device, self.threads, self._box.fd, self._box.layout,
                                 self.stall_timeout_s)
             blob = pickle.dumps(spec)
-            self._spawn()
-            self._conn.send(([p for p in sys.path if p], blob))
-            self._wait(lambda: self._started, "the producer's process to start")
+            self._spawn(self._box.fd)
         finally:
-            self._box.unlink()  # mapped on both sides by now (or never to be): nothing left on disk
+            self._box.close_fd()  # the producer inherited its own
+        self._conn.send(([p for p in sys.path if p], blob))
+        self._wait(lambda: self._started, "the producer's process to start")
 
     def take(self, iteration: int) -> TrajectoryBatch:
         if self._proc is None:
@@ -164,13 +165,13 @@ class AsyncSource:
         self._proc = None
 
     # -- the producer's process ---------------------------------------------------------------
-    def _spawn(self) -> None:
+    def _spawn(self, box_fd: int) -> None:
         ours, theirs = socket.socketpair()
         death_read, self._death = os.pipe()  # only this process holds the write end
         self._started, self._heard = False, 0
         self._proc = subprocess.Popen(
             [sys.executable, "-u", "-c", BOOT, str(theirs.fileno()), str(death_read), PACKAGE_ROOT],
-            pass_fds=(theirs.fileno(), death_read), start_new_session=True)  # a terminal's Ctrl-C: the learner's
+            pass_fds=(theirs.fileno(), death_read, box_fd), start_new_session=True)  # a terminal's Ctrl-C: the learner's
         theirs.close()
         os.close(death_read)
         self._conn = Connection(ours.detach())

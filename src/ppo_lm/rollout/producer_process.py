@@ -58,7 +58,7 @@ class ProducerSpec:
     seed_for: Callable[[int], int]
     device: str
     threads: int
-    box_path: str
+    box_fd: int
     layout: BoxLayout
     stall_timeout_s: float = 1800.0
 
@@ -67,7 +67,8 @@ def run(spec: ProducerSpec, conn: Connection) -> None:
     """Sample every iteration of ``spec`` in order and send each batch; the learner paces the weights."""
     if spec.threads:
         torch.set_num_threads(spec.threads)
-    box = WeightBox.attach(spec.box_path, spec.layout)
+    box = WeightBox.attach(spec.box_fd, spec.layout)
+    box.close_fd()  # mapped: the descriptor is not needed
     producer = spec.producer
     lm = producer.engine.lm.eval().requires_grad_(False)
     params = dict(lm.named_parameters())

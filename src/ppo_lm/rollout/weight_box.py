@@ -5,19 +5,25 @@ one out; the producer copies it into its own model when an iteration needs it. S
 producer's model are the two buffers of a double-buffered publish: the learner never waits for the
 producer to finish sampling with the old weights, only (rarely) for it to copy them.
 
-The memory is a file in /dev/shm (the system's temporary folder where there is none), removed as soon
-as both processes have mapped it: nothing is left behind, however either ends.
+The memory has no name: an anonymous memory file (``memfd_create``), or with ``rollout.weight_box_dir``
+(or where the system has no memfd) a file removed the moment it is opened. The producer inherits its
+descriptor, so nothing is left behind, however either process ends — a SIGKILL at any moment included.
+The whole size is reserved before the first write: a box that does not fit fails with one line
+rather than a SIGBUS on a later write.
 """
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from ..runtime.errors import UserError
 
 _ALIGN = 64  # bytes: every parameter's slice starts on a cache line (and on its dtype's alignment)
 
@@ -42,33 +48,39 @@ class BoxLayout:
                    tuple(p.dtype for _, p in params), tuple(offsets), max(at, _ALIGN))
 
 
-class WeightBox:
-    """The mapped memory of ``layout`` at ``path``; :meth:`create` on the learner's side,
-    :meth:`attach` on the producer's."""
+class BoxTooLarge(UserError):
+    """The weight box does not fit in the memory or the folder it goes in."""
 
-    def __init__(self, path: str, layout: BoxLayout):
-        self.path, self.layout = path, layout
-        raw = torch.from_file(path, shared=True, size=layout.nbytes, dtype=torch.uint8)
+
+class WeightBox:
+    """The mapped memory of ``layout`` behind the descriptor ``fd``; :meth:`create` on the learner's side,
+    :meth:`attach` on the producer's (``fd`` inherited from the learner)."""
+
+    def __init__(self, fd: int, layout: BoxLayout):
+        self.fd, self.layout = fd, layout
+        self._map = mmap.mmap(fd, layout.nbytes)
+        raw = torch.frombuffer(self._map, dtype=torch.uint8)
         self.views = [raw[o: o + _size(s, d)].view(d).view(s)
                       for s, d, o in zip(layout.shapes, layout.dtypes, layout.offsets)]
 
     @classmethod
-    def create(cls, params: list[tuple[str, Tensor]]) -> WeightBox:
-        """A box for ``params`` holding their values now."""
+    def create(cls, params: list[tuple[str, Tensor]], folder: str | None = None) -> WeightBox:
+        """A box for ``params`` holding their values now: anonymous memory, or a file in ``folder``
+        (removed at once)."""
         layout = BoxLayout.of(params)
-        folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-        fd, path = tempfile.mkstemp(prefix="ppo-lm-weights-", dir=folder)
+        fd, where = _anonymous() if folder is None and hasattr(os, "memfd_create") else _unlinked_file(folder)
         try:
-            os.ftruncate(fd, layout.nbytes)
-        finally:
+            _reserve(fd, layout.nbytes, where)
+            box = cls(fd, layout)
+        except BaseException:
             os.close(fd)
-        box = cls(path, layout)
+            raise
         box.write([p for _, p in params])
         return box
 
     @classmethod
-    def attach(cls, path: str, layout: BoxLayout) -> WeightBox:
-        return cls(path, layout)
+    def attach(cls, fd: int, layout: BoxLayout) -> WeightBox:
+        return cls(fd, layout)
 
     @torch.no_grad()
     def write(self, tensors: list[Tensor]) -> None:
@@ -80,9 +92,47 @@ class WeightBox:
         for view, t in zip(self.views, tensors, strict=True):
             t.copy_(view)
 
-    def unlink(self) -> None:
-        """Remove the file; the memory stays mapped for as long as either side holds it."""
-        Path(self.path).unlink(missing_ok=True)
+    def close_fd(self) -> None:
+        """Close the descriptor once the producer holds its own: the mapping stays for as long as either maps it."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _anonymous() -> tuple[int, str]:
+    return os.memfd_create("ppo-lm-weights", os.MFD_CLOEXEC), "memory"
+
+
+def _unlinked_file(folder: str | None) -> tuple[int, str]:
+    if folder is None:
+        folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    fd, path = tempfile.mkstemp(prefix="ppo-lm-weights-", dir=folder)
+    os.unlink(path)  # gone from the folder before anything else can happen; the descriptor keeps the file
+    return fd, folder
+
+
+def _reserve(fd: int, nbytes: int, where: str) -> None:
+    """Allocate all ``nbytes`` now (a tmpfs such as /dev/shm otherwise fails at a later write with SIGBUS),
+    after checking a folder's free space; one line naming the fix where it does not fit."""
+    mb = nbytes / 2**20
+    disk = "set `rollout.weight_box_dir` to a folder on disk (a file-backed box)"
+    fix = disk if where == "memory" else f"give the container more shared memory (`docker run --shm-size=...`), or {disk}"
+    if where != "memory":
+        st = os.statvfs(where)
+        free = st.f_bavail * st.f_frsize
+        if free < nbytes:
+            raise BoxTooLarge(f"the asynchronous producer's weight box needs {mb:.0f} MB and {where} has "
+                              f"{free / 2**20:.0f} MB free: {fix}")
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, nbytes)
+        else:
+            os.ftruncate(fd, nbytes)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT):
+            raise
+        raise BoxTooLarge(f"the asynchronous producer's weight box needs {mb:.0f} MB and {where} could not hold "
+                          f"it ({e.strerror}): {fix}") from None
 
 
 def _size(shape: tuple[int, ...], dtype: torch.dtype) -> int:

@@ -243,7 +243,7 @@ def build_source(cfg: TrainConfig, models: Models, sampler: Sampler, training: T
                        max_staleness=r.max_staleness, learner_lm=models.policy.lm, last=cfg.iterations,
                        seed_for=functools.partial(schedule.producer_sampling_seed, cfg.seed, dist.rank()),
                        device=device, threads=producer_threads(cfg), stall_timeout_s=r.stall_timeout_s,
-                       checkpoints=str(Path(cfg.output_dir).resolve()))
+                       checkpoints=str(Path(cfg.output_dir).resolve()), box_dir=r.weight_box_dir)
 
 
 def producer_threads(cfg: TrainConfig) -> int:
