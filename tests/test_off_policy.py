@@ -212,3 +212,16 @@ def test_a_stale_run_with_none_chosen_logs_the_ratios_it_does_not_correct(tmp_pa
     history = PPOTrainer(cfg, verifier=count_sevens).train()
     assert history[-1]["staleness_max"] == 1 and history[-1]["is_weight_max"] != 1
     assert all(m["off_policy_cut_frac"] == 0 for m in history)
+
+
+def test_the_trainer_composes_the_parts_it_is_given(tmp_path):
+    """`tis` weights with IcePop's band and a veto: accepted, applied, and each part's statistics logged."""
+    from ppo_lm.config.validate import validate_config
+
+    kw = dict(iterations=1, rollout__num_prompts=8, rollout__max_new_tokens=6, optim__epochs=1,
+              algo__off_policy_correction="tis", algo__off_policy_mask="token-band", algo__is_band_low=0.8,
+              algo__is_veto=1e-4)
+    cfg = tiny_config(tmp_path, **kw)
+    validate_config(cfg)
+    m = PPOTrainer(cfg, verifier=count_sevens).train_iteration(1).metrics
+    assert m["off_policy_vetoed_frac"] == 0 and m["off_policy_masked_frac"] == 0 and m["is_ess"] > 0.999

@@ -81,6 +81,13 @@ GRPO = {"algo__estimator": "grpo", "rollout__samples_per_prompt": 2}
     ({"algo__policy_loss": "pg", "algo__clip_eps_high": 0.28}, "algo.clip_eps_high", "'pg' does not clip"),
     ({"model__critic": "separate", "model__value_grad_scale": 0.5}, "model.value_grad_scale", "a separate critic"),
     ({"model__critic": "frozen", "model__value_grad_scale": 0.5}, "model.value_grad_scale", "a frozen critic"),
+    # the off-policy correction's parts (docs/algorithm.md §1.6) and the producer
+    ({"algo__is_veto": 1e-4}, "algo.is_veto", "no `algo.off_policy_correction`"),
+    ({"algo__off_policy_correction": "token-mask", "algo__is_cap": 3.0}, "algo.is_cap", "truncates or caps nothing"),
+    ({"algo__off_policy_correction": "tis", "algo__off_policy_mask": "none", "algo__is_band_low": 0.8},
+     "algo.is_band_low", "has no band mask"),
+    ({"rollout__stall_timeout_s": 60.0}, "rollout.stall_timeout_s", "no producer process"),
+    ({"rollout__weight_box_dir": "/tmp"}, "rollout.weight_box_dir", "no producer process"),
     # LoRA, processes, logging
     ({"model__lora_alpha": 16.0}, "model.lora_alpha", "`model.lora_r` is 0"),
     ({"model__lora_target_modules": ["q_proj"]}, "model.lora_target_modules", "`model.lora_r` is 0"),

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..algorithms import get_advantage_estimator
+from ..algorithms.off_policy import OFF_POLICY_CORRECTIONS
 from ..runtime.errors import ConfigError
 from ..runtime.settings import check_ranges
 from .io import check_types
@@ -136,9 +137,9 @@ def _check_async(cfg: TrainConfig) -> None:
         return
     if cfg.algo.off_policy_correction is None:
         raise ConfigError(f"`rollout.max_staleness`={k} samples with weights up to {k} updates old: choose how the "
-                          "policy loss corrects for that with `algo.off_policy_correction` (decoupled, tis, "
-                          "token-mask or sequence-mask; docs/algorithm.md §1.6; 'none' to leave it uncorrected), "
-                          "or set `rollout.max_staleness` 0")
+                          "policy loss corrects for that with `algo.off_policy_correction` "
+                          f"({', '.join(OFF_POLICY_CORRECTIONS)}; docs/algorithm.md §1.6; 'none' to leave it "
+                          "uncorrected), or set `rollout.max_staleness` 0")
     if cfg.rollout.logp_from_sampler:
         raise ConfigError(f"`rollout.logp_from_sampler` with `rollout.max_staleness`={k}: logp_old must be the "
                           "learner's own (the policy the update clips against); leave `rollout.logp_from_sampler` out")

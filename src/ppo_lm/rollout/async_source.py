@@ -194,8 +194,8 @@ class AsyncSource:
             if self._error is None and not self._finished:
                 how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
                 self._error = ProducerDied(f"the producer's process ended ({how}) before the run's last iteration — "
-                                           "killed, or out of memory; the checkpoints so far are intact: continue "
-                                           "with `--resume`")
+                                           f"killed, or out of memory; the checkpoints so far are intact in "
+                                           f"{self.checkpoints}: continue with `--resume`")
             self._finished = True
             self._cv.notify_all()
 
