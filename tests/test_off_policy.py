@@ -225,3 +225,13 @@ def test_the_trainer_composes_the_parts_it_is_given(tmp_path):
     validate_config(cfg)
     m = PPOTrainer(cfg, verifier=count_sevens).train_iteration(1).metrics
     assert m["off_policy_vetoed_frac"] == 0 and m["off_policy_masked_frac"] == 0 and m["is_ess"] > 0.999
+
+
+def test_staleness_is_a_mean_over_the_batchs_sampled_tokens():
+    from types import SimpleNamespace
+
+    from ppo_lm.trainer.correction import staleness_metrics
+
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    m = staleness_metrics(SimpleNamespace(versions=torch.tensor([0, 1, 1])), mask, iteration=3)  # lags 2, 1, 1
+    assert m == {"staleness_mean": pytest.approx((4 * 2 + 1 + 1) / 6), "staleness_max": 2.0}

@@ -9,6 +9,7 @@ import time
 
 from torch import nn
 
+from ..algorithms.off_policy import resolve_correction
 from ..runtime import distributed as dist
 
 
@@ -46,6 +47,16 @@ def _short(v: float | bool | str) -> str:
     if isinstance(v, str):
         return v
     return f"{v:.0e}".replace("e-0", "e-") if isinstance(v, float) and 0 < abs(v) < 1e-2 else f"{v:g}"
+
+
+def _correction(a) -> str:
+    """The correction by its parts: 'tis (weight token-truncated, mask token-band, veto < 0.0001)'."""
+    if a.off_policy_correction == "none":
+        return "none"
+    parts = resolve_correction(a.off_policy_correction, a.off_policy_mask)
+    more = [f"weight {parts.weight}", *([f"mask {parts.mask}"] if parts.mask else []),
+            *([f"veto < {a.is_veto:g}"] if a.is_veto is not None else [])]
+    return f"{a.off_policy_correction} ({', '.join(more)})"
 
 
 def banner(trainer) -> str:
@@ -93,7 +104,7 @@ def banner(trainer) -> str:
         threads = trainer.source.threads  # an AsyncSource wherever max_staleness ≥ 1
         lines.append(f"  async     a producer process samples up to {r.max_staleness} update"
                      f"{'s' if r.max_staleness > 1 else ''} behind the learner ({threads} torch thread"
-                     f"{'s' if threads != 1 else ''}) · correction {a.off_policy_correction} (docs/async.md)")
+                     f"{'s' if threads != 1 else ''}) · correction {_correction(a)} (docs/async.md)")
     if trainer.sized.values:
         values = " · ".join(f"{k} {_short(v)}" for k, v in trainer.sized.values.items())
         lines.append(f"  auto      {values} ({trainer.sized.reason}; config/sizing.py)")
