@@ -204,18 +204,18 @@ def test_the_weight_box_hands_every_dtype_and_shape_over_to_another_process(tmp_
         import pickle, sys, torch
         from ppo_lm.rollout.weight_box import WeightBox
         layout = pickle.loads(bytes.fromhex(sys.argv[1]))
-        box = WeightBox.attach({box.path!r}, layout)
+        box = WeightBox.attach({box.fd}, layout)  # the descriptor, inherited: the box has no name
+        box.close_fd()
         torch.save([v.clone() for v in box.views], {str(out)!r})
     """)
     import pickle
 
-    subprocess.run([sys.executable, "-c", code, pickle.dumps(box.layout).hex()], check=True)
-    box.unlink()
-    assert not Path(box.path).exists()
+    subprocess.run([sys.executable, "-c", code, pickle.dumps(box.layout).hex()], check=True, pass_fds=(box.fd,))
+    box.close_fd()
     for (_, want), got in zip(params, torch.load(out)):
         assert got.dtype == want.dtype and torch.equal(got, want)
     later = [p.clone() * 2 for _, p in params]
-    box.write(later)  # still mapped here after the unlink
+    box.write(later)  # still mapped here with the descriptor closed
     mine = [torch.zeros_like(p) for p in later]
     box.read_into(mine)
     assert all(torch.equal(a, b) for a, b in zip(mine, later))
