@@ -137,9 +137,10 @@ def _check_async(cfg: TrainConfig) -> None:
         return
     if cfg.algo.off_policy_correction is None:
         raise ConfigError(f"`rollout.max_staleness`={k} samples with weights up to {k} updates old: choose how the "
-                          "policy loss corrects for that with `algo.off_policy_correction` "
-                          f"({', '.join(OFF_POLICY_CORRECTIONS)}; docs/algorithm.md §1.6; 'none' to leave it "
-                          "uncorrected), or set `rollout.max_staleness` 0")
+                          "policy loss corrects for that with `algo.off_policy_correction` — tis is the one "
+                          f"measured best (docs/async.md); also {', '.join(n for n in OFF_POLICY_CORRECTIONS if n != 'tis')}, "
+                          "or 'none' to leave it uncorrected (docs/algorithm.md §1.6) — or set "
+                          "`rollout.max_staleness` 0")
     if cfg.rollout.logp_from_sampler:
         raise ConfigError(f"`rollout.logp_from_sampler` with `rollout.max_staleness`={k}: logp_old must be the "
                           "learner's own (the policy the update clips against); leave `rollout.logp_from_sampler` out")
