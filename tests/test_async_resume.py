@@ -57,7 +57,8 @@ def _cut(tmp_path, monkeypatch, k: int, at: int, ahead: int):
     return [b["iteration"] for b in saved["pending"][0]]
 
 
-@pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~17 s for k = 1, ~50 s each for 2 and 4: .ci/run runs them
+@pytest.mark.parametrize("k", [1, 2, 4])
 def test_a_checkpoint_with_k_plus_one_batches_ahead_resumes_equal_to_the_uninterrupted_run(tmp_path, monkeypatch, k):
     whole = PPOTrainer(tiny_config(tmp_path / "whole", **_kw(k)), verifier=count_sevens)
     whole.train()
@@ -99,6 +100,7 @@ def test_a_producer_that_stalls_ends_the_run_with_one_line(tmp_path):
     assert tr.source._proc is None  # the producer's process ended with the run
 
 
+@pytest.mark.slow  # ~12 s: .ci/run runs it
 def test_a_learner_that_stalls_ends_the_producer_with_one_line(tmp_path, monkeypatch):
     from ppo_lm.rollout.producer_process import ProducerWaitedTooLong
 
