@@ -85,6 +85,7 @@ class SleepsAt:
         return self.plan(iteration)
 
 
+@pytest.mark.slow  # ~10 s: .ci/run runs it
 def test_a_producer_that_stalls_ends_the_run_with_one_line(tmp_path):
     from ppo_lm.rollout.async_source import ProducerStalled
 
