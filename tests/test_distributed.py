@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -176,3 +177,47 @@ def test_asynchronous_ranks_each_with_a_producer_resume_as_uninterrupted(tmp_pat
     assert [r["staleness_max"] for r in rows] == [0, 1, 1, 1]
     assert rows == _metric_rows(tmp_path / "part")
 
+
+@pytest.mark.slow
+def test_asynchronous_ranks_holding_different_counts_ahead_resume_as_uninterrupted(tmp_path):
+    """Rank 1's producer is slow (its environment waits) and held-out evaluation runs between each publish
+    and save, so rank 0's checkpoint holds k + 1 batches sampled ahead and rank 1's usually k (k + 1 where
+    its batch was done in time: the timing is the system's). The launcher, SIGKILLed after a checkpoint,
+    takes its ranks with it, and the run resumed logs what the uninterrupted run logs."""
+    def args(out, *more):
+        a = _train_args(out, 7, "--rollout.max-staleness", "1", "--algo.off-policy-correction", "tis",
+                        "--rollout.env", "slow_env:SlowOnRank1", "--rollout.max-turns", "1", "--rollout.env-workers", "1",
+                        "--data.eval-prompts", "builtin:equations", "--data.builtin-eval-prompts", "8",
+                        "--log.eval-every", "1", *more)
+        i = a.index("--model.reward")
+        return a[:i] + a[i + 2:]  # the environment's rewards replace it
+
+    full = _torchrun(args(tmp_path / "full"), timeout=300)
+    assert full.returncode == 0, full.stderr[-3000:]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), *args(tmp_path / "part")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while (latest_checkpoint(tmp_path / "part") or (0,))[0] < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher: its ranks run in sessions of their own
+    proc.wait()
+    from ppo_lm.runtime.files import OutputDirBusy, OutputDirLock
+
+    deadline = time.monotonic() + 5  # the ranks die with their launcher, so rank 0's lock goes at once
+    while True:
+        try:
+            OutputDirLock(tmp_path / "part").acquire().release()
+            break
+        except OutputDirBusy:
+            assert time.monotonic() < deadline, "a rank outlived its killed launcher"
+            time.sleep(0.05)
+    at, path = latest_checkpoint(tmp_path / "part")
+    assert 4 <= at < 7
+    pending = torch.load(path / "trainer_state.pt", weights_only=False)["pending"]
+    counts = [len(p) for p in pending]  # usually [2, 1]; [2, 2] where rank 1's batch was done before the save
+    assert set(counts) <= {1, 2} and counts[0] == 2, [[b["iteration"] for b in p] for p in pending]
+    resumed = _torchrun(args(tmp_path / "part", "--resume"), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _metric_rows(tmp_path / "part") == _metric_rows(tmp_path / "full")

@@ -125,6 +125,20 @@ def test_cheap_checks_come_before_any_model(tmp_path, capsys, no_model_loads):
     assert "cannot import module 'no_such_module_xyz'" in err
 
 
+def test_a_folder_another_run_writes_is_one_line_before_loading(tmp_path, capsys, no_model_loads):
+    from test_files import _holder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = _holder(run)
+    try:
+        err = _train(capsys, "--output-dir", str(run), "--auto-resume")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert f"another process (pid {proc.pid}) is writing to" in err and "--output-dir" in err
+
+
 def test_reward_from_a_file_and_from_the_current_directory(tmp_path, monkeypatch):
     (tmp_path / "helper_mod_abc.py").write_text("BONUS = 2.0\n")
     (tmp_path / "my_rewards_abc.py").write_text(textwrap.dedent("""

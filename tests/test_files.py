@@ -48,3 +48,34 @@ def test_rewritten_files_keep_their_permissions(tmp_path):
         assert shared.stat().st_mode & 0o777 == 0o664
     finally:
         os.umask(old)
+
+
+def _holder(out):
+    """Another process holding ``out``'s lock until it is killed."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from ppo_lm.runtime.files import OutputDirLock; OutputDirLock(sys.argv[1]).acquire(); "
+            "print('held', flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_an_output_folder_another_process_writes_is_refused_until_it_dies(tmp_path):
+    import signal
+
+    from ppo_lm.runtime.files import OutputDirBusy, OutputDirLock
+
+    proc = _holder(tmp_path)
+    try:
+        with pytest.raises(OutputDirBusy, match=rf"pid {proc.pid}\).*--output-dir"):
+            OutputDirLock(tmp_path).acquire()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with OutputDirLock(tmp_path) as lock:  # the kernel dropped a killed holder's lock
+        with pytest.raises(OutputDirBusy):  # one process, two claims: the second is refused too
+            OutputDirLock(tmp_path).acquire()
+    assert lock._fd is None
+    OutputDirLock(tmp_path).acquire().release()

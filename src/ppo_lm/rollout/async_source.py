@@ -17,24 +17,21 @@ with its last weights.
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 
 import torch
 from torch import nn
 
+from ..runtime import child
 from ..runtime.errors import UserError
-from .env_pool import PACKAGE_ROOT
 from .producer import Producer
-from .producer_process import BOOT, ProducerSpec
+from .producer_process import ProducerSpec
 from .sampling import SamplingParams
 from .source import Request
 from .trajectory import TrajectoryBatch
@@ -154,27 +151,16 @@ class AsyncSource:
         """End the producer's process (its environment's workers go with it); started again if taken from."""
         if self._proc is None:
             return
-        os.close(self._death)  # the producer's watchdog ends it at once
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        self._receiver.join()
+        child.stop([self._child], grace_s=10.0)  # its watchdog ends it at once
+        self._receiver.join()  # it saw the socket's end
         self._conn.close()
         self._proc = None
 
     # -- the producer's process ---------------------------------------------------------------
     def _spawn(self, box_fd: int) -> None:
-        ours, theirs = socket.socketpair()
-        death_read, self._death = os.pipe()  # only this process holds the write end
         self._started, self._heard = False, 0
-        self._proc = subprocess.Popen(
-            [sys.executable, "-u", "-c", BOOT, str(theirs.fileno()), str(death_read), PACKAGE_ROOT],
-            pass_fds=(theirs.fileno(), death_read, box_fd), start_new_session=True)  # a terminal's Ctrl-C: the learner's
-        theirs.close()
-        os.close(death_read)
-        self._conn = Connection(ours.detach())
+        self._child = child.start("ppo_lm.rollout.producer_process", pass_fds=(box_fd,))
+        self._proc, self._conn = self._child.proc, self._child.conn
         self._receiver = threading.Thread(target=self._receive, name="ppo-lm producer receiver", daemon=True)
         self._receiver.start()
 

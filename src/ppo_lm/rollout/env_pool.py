@@ -13,24 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
-from pathlib import Path
+from multiprocessing.connection import wait
 
-from .env_worker import BOOT
+from ..runtime import child
 from .environment import EnvError
-
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-"""The folder ppo_lm is imported from here: the worker imports it from the same place."""
 
 LOAD_TIMEOUT_S = 120.0
 """Seconds a worker may take to start and import the environment's module (a module that imports
@@ -47,28 +39,12 @@ class Started:
     tools: list[dict] | None
 
 
-@dataclass
-class _Worker:
-    proc: subprocess.Popen
-    conn: Connection
-    death: int  # the write end of the pipe its watchdog waits on: closing it ends the worker
-
-
-def _stop(workers: list[_Worker]) -> None:
-    """End every worker: closing its watchdog's pipe makes the watchdog kill the tool calls' groups and
-    the worker's own (what its environments started goes with it); a group still there after a few
-    seconds is killed from here. Reaps them."""
+def _stop(workers: list[child.Child]) -> None:
+    """End every worker (its watchdog kills the tool calls' groups and the worker's own: what its
+    environments started goes with it) and close their sockets."""
+    child.stop(workers)
     for w in workers:
         w.conn.close()
-        os.close(w.death)
-    deadline = time.monotonic() + 5.0
-    for w in workers:
-        try:
-            w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(w.proc.pid, signal.SIGKILL)
-            w.proc.wait()
     workers.clear()
 
 
@@ -83,7 +59,7 @@ class EnvPool:
         if workers < 1:
             raise ValueError(f"an environment pool needs at least one worker, got {workers}")
         self.spec, self.size, self.timeout_s = spec, workers, timeout_s
-        self._workers: list[_Worker] = []
+        self._workers: list[child.Child] = []
         self._next_eid = 0
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _stop, self._workers)
@@ -141,14 +117,7 @@ class EnvPool:
         if self._workers:
             return
         for _ in range(self.size):
-            ours, theirs = socket.socketpair()
-            death_read, death_write = os.pipe()  # only this process holds the write end
-            proc = subprocess.Popen(
-                [sys.executable, "-u", "-c", BOOT, str(theirs.fileno()), str(death_read), PACKAGE_ROOT],
-                pass_fds=(theirs.fileno(), death_read), start_new_session=True)  # its own group: killed whole
-            theirs.close()
-            os.close(death_read)
-            self._workers.append(_Worker(proc, Connection(ours.detach()), death_write))
+            self._workers.append(child.start("ppo_lm.rollout.env_worker"))
         paths = [p for p in sys.path if p]
         self._call([(w, ("load", self.spec, paths)) for w in range(self.size)], "module import",
                    limit=(max(LOAD_TIMEOUT_S, self.timeout_s), "starting a worker"))

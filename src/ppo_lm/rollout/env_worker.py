@@ -1,6 +1,6 @@
 """The process an environment's instances live in (docs/environments.md, "Where the environment
-runs"): started by :class:`~ppo_lm.rollout.env_pool.EnvPool` (:data:`BOOT`) and served over the socket
-``FD``. It loads the environment class once,
+runs"): started by :class:`~ppo_lm.rollout.env_pool.EnvPool` through :mod:`ppo_lm.runtime.child`,
+which also ends it with the trainer. It loads the environment class once,
 then answers one request at a time — construct, reset, step, drop — so the pool can time each call
 and kill this process (and its process group: tool calls, anything the environment started) at the
 limit. Imports no torch: a worker starts in a fraction of a second unless the environment imports it.
@@ -13,9 +13,6 @@ reply is ``("ok", value)`` or ``("error", one line)``; ``drop`` has none.
 from __future__ import annotations
 
 import contextlib
-import os
-import select
-import signal
 import sys
 from multiprocessing.connection import Connection
 
@@ -95,64 +92,17 @@ def serve(conn: Connection) -> None:
                                     "bools"))
 
 
-def watch(death: int, socket_fd: int) -> int:
-    """Fork the worker's watchdog: a process that waits for the trainer's end — EOF on ``death``, the
-    read end of a pipe only the trainer writes to, closed when the trainer closes the pool or dies,
-    even by SIGKILL — and then kills every tool call's process group it was told of and this worker's
-    whole process group (itself, the worker, whatever the environment started). Returns the write end
-    of the pipe that tells it of tool calls' groups ("+pgid" / "-pgid" lines). It lets go of the
-    worker's socket, so the trainer sees the worker's own end at once."""
-    read, write = os.pipe()
-    if os.fork():
-        os.close(read)
-        os.close(death)
-        return write
-    os.close(write)
-    os.close(socket_fd)
-    groups: set[int] = set()
-    pending = b""
-    poller = select.poll()  # (not select: the trainer's descriptor numbers may be 1024 and above)
-    for fd in (death, read):
-        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    while True:
-        ready = {fd for fd, _ in poller.poll()}
-        if death in ready:
-            break
-        chunk = os.read(read, 4096)
-        if not chunk:  # the worker ended: its group goes when the trainer's pipe closes
-            poller.unregister(read)
-            continue
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            (groups.add if line[:1] == b"+" else groups.discard)(int(line[1:]))
-    for group in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signal.SIGKILL)
-    os.killpg(0, signal.SIGKILL)
-    os._exit(0)  # not reached
-
-
 SERVING = False
 """True in a worker: a module the worker imports that starts a training run is refused (it would start
 workers of its own, and so on)."""
 
 
-def main(argv: list[str]) -> None:
+def child_main(conn: Connection, groups: int) -> None:
+    """The worker (started by :func:`ppo_lm.runtime.child.start`): ``groups`` tells its watchdog of tool
+    calls' process groups (:data:`ppo_lm.rollout.tools.GROUPS`)."""
     global SERVING
     SERVING = True
-    fd, death = int(argv[1]), int(argv[2])
-    tools.GROUPS = watch(death, fd)
+    tools.GROUPS = groups
     # (a terminal's Ctrl-C reaches the trainer only: the worker has a session of its own; the trainer
     # then closes the pool. The environment's own processes keep SIGINT as Python gives it.)
-    serve(Connection(fd))
-
-
-BOOT = ("import sys; sys.path[:1] = []; root = sys.argv.pop(); "
-        "root in sys.path or sys.path.insert(0, root); "
-        "from ppo_lm.rollout.env_worker import main; main(sys.argv)")
-"""The worker's command line (``python -u -c BOOT FD DEATH_FD PACKAGE_ROOT``): without the current
-directory at the front of the import path (`python -m` would put it there, and a file named like a
-module of the standard library there would shadow it in the worker only), ppo_lm imported from where
-the trainer imported it (its folder put first unless it is on the path already: a checkout the trainer
-put on its path wins over an installed copy), the trainer's environment variables as they are."""
+    serve(conn)

@@ -1,11 +1,11 @@
 """The process an asynchronous producer samples in (docs/async.md): started by
-:class:`~ppo_lm.rollout.async_source.AsyncSource` (:data:`BOOT`), told what to sample over the socket
-``FD`` (a pickled :class:`ProducerSpec`: its own copy of the policy's language model, its engine, the
+:class:`~ppo_lm.rollout.async_source.AsyncSource` through :mod:`ppo_lm.runtime.child`, told what to
+sample over its socket (a pickled :class:`ProducerSpec`: its own copy of the policy's language model, its engine, the
 plan of the iterations, with an environment the settings of its own pool of workers), and then on its
 own: iteration after iteration it copies the weights the iteration needs out of the shared
 :class:`~ppo_lm.rollout.weight_box.WeightBox` — waiting for the learner to publish them — samples
-the iteration's trajectories and sends them. It ends when the learner closes the pipe ``DEATH_FD``
-or dies (even by SIGKILL), taking its environment's workers with it.
+the iteration's trajectories and sends them. It ends when the learner closes the source or dies
+(even by SIGKILL), taking its environment's workers with it.
 
 Messages it sends: ``("ready",)``, ``("took", version)``, ``("batch", TrajectoryBatch, timing)`` — the
 seconds it waited for the weights (``producer_idle_s``), sampled (``producer_decode_s``: decoding and
@@ -20,7 +20,6 @@ import contextlib
 import os
 import pickle
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -115,21 +114,10 @@ def _report(conn: Connection, e: BaseException) -> None:
         conn.send(("error", payload))
 
 
-def _exit_with_the_learner(death: int) -> None:
-    """End this process (and so its environment's workers, whose pipes it holds) at EOF on ``death``:
-    the learner closed the source, or ended however it ended."""
-    def watch():
-        while os.read(death, 1):
-            pass
-        os._exit(0)
-
-    threading.Thread(target=watch, name="ppo-lm producer watchdog", daemon=True).start()
-
-
-def main(argv: list[str]) -> None:
-    fd, death = int(argv[1]), int(argv[2])
-    _exit_with_the_learner(death)
-    conn = Connection(fd)
+def child_main(conn: Connection, groups: int) -> None:
+    """The producer (started by :func:`ppo_lm.runtime.child.start`, whose watchdog ends it — and so its
+    environment's workers, whose pipes it holds — when the learner closes the source or dies)."""
+    os.close(groups)  # no process groups of its own to report: its workers' watchdogs kill theirs
     paths, blob = conn.recv()
     sys.path[:0] = [p for p in paths if p not in sys.path]
     try:
@@ -137,13 +125,5 @@ def main(argv: list[str]) -> None:
     except BaseException as e:  # noqa: BLE001 (handed to the learner, which raises it)
         _report(conn, e)
     with contextlib.suppress(EOFError, OSError):
-        while True:  # the learner ends this process (closing ``death``)
+        while True:  # the learner ends this process (its watchdog)
             conn.recv()
-    os._exit(0)
-
-
-BOOT = ("import sys; sys.path[:1] = []; root = sys.argv.pop(); "
-        "root in sys.path or sys.path.insert(0, root); "
-        "from ppo_lm.rollout.producer_process import main; main(sys.argv)")
-"""The producer's command line (``python -u -c BOOT FD DEATH_FD PACKAGE_ROOT``), as an environment
-worker's (:data:`ppo_lm.rollout.env_worker.BOOT`): ppo_lm imported from where the learner imported it."""

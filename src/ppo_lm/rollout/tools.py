@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 
+from ..runtime.lifetime import die_with_parent
 from ..runtime.user_code import one_line
 from .environment import EnvError
 
@@ -77,7 +78,7 @@ def run_tool_call(tools: dict, call: dict | str, seconds: float) -> str:
     if pid == 0:  # the child: answer, then leave without running the parent's exit handlers
         os.close(read)
         os.setpgid(0, 0)  # a group of its own: what the tool starts is killed with it
-        _die_with_parent()
+        die_with_parent()
         with os.fdopen(write, "wb") as out:
             out.write(_answer(fn, call).encode("utf-8", "replace"))
         sys.stdout.flush()
@@ -96,7 +97,7 @@ def run_tool_call(tools: dict, call: dict | str, seconds: float) -> str:
 
 
 GROUPS: int | None = None
-"""In an environment's worker: the pipe to its watchdog (:func:`ppo_lm.rollout.env_worker.watch`),
+"""In an environment's worker: the pipe to its watchdog (:mod:`ppo_lm.runtime.child`),
 told of each tool call's process group, so that a trainer's end kills them too."""
 
 
@@ -152,17 +153,6 @@ def readable(fd: int, seconds: float | None) -> bool:
 
 def _how(status: int) -> str:
     return f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit code {os.WEXITSTATUS(status)}"
-
-
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this process when its parent dies, so a killed worker leaves no tool
-    running behind it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def tool_schemas(tools: list) -> list[dict] | None:

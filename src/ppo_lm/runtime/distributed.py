@@ -13,6 +13,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .lifetime import die_with_parent, launched_by_torchrun
+
 
 def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -39,6 +41,10 @@ def init_from_env(timeout_s: float = 600.0) -> bool:
         return True
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
+    if launched_by_torchrun():
+        # torchrun starts its ranks in sessions of their own: without this a killed launcher leaves them
+        # training on, writing the folder a resumed run writes too
+        die_with_parent()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

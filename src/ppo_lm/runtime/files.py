@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from .errors import UserError
+
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Replace ``path``'s content with ``text``: written to a temporary file in the same directory,
@@ -50,3 +52,50 @@ def prepare_output_dir(path: str | Path, field: str = "output_dir") -> Path:
         raise ValueError(f"`{field}` {str(path)!r} is not writable ({e.strerror or e}); choose another "
                          f"--{field.replace('_', '-')}") from None
     return path
+
+
+LOCK_NAME = ".ppo-lm.lock"
+
+
+class OutputDirBusy(UserError):
+    """Another live process holds the output folder's lock."""
+
+
+class OutputDirLock:
+    """An exclusive ``flock`` on ``<output_dir>/.ppo-lm.lock``, held while a run writes the folder, so
+    that two runs never write one folder's checkpoints and logs at once (a job requeued while its
+    first attempt still runs, a launcher killed while its ranks go on). The kernel drops the lock when
+    its holder dies, even by SIGKILL, so a crash never leaves a stale one. The file holds the holder's
+    pid, for the message."""
+
+    def __init__(self, output_dir: str | Path):
+        self.path = Path(output_dir) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> OutputDirLock:
+        """Raises :class:`OutputDirBusy` naming the holder's pid and the fix."""
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise OutputDirBusy(f"another process (pid {holder}) is writing to {str(self.path.parent)!r}: a run "
+                                f"already uses this folder; stop that run first, or choose another --output-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def __enter__(self) -> OutputDirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

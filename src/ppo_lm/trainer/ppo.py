@@ -33,6 +33,7 @@ from ..rollout.batch import RolloutBatch
 from ..rollout.scoring import score_trajectories
 from ..rollout.trajectory import TrajectoryBatch
 from ..runtime import distributed as dist
+from ..runtime.files import OutputDirLock
 from ..runtime.timing import Timer
 from . import credit
 from .assemble import assemble
@@ -218,10 +219,18 @@ class PPOTrainer:
         ``eval_fn(iteration, trainer)``, called every ``eval_every`` iterations and after the last,
         returns extra metrics (e.g. held-out accuracy) logged with that iteration's.
         """
-        cfg = self.cfg
-        start = 0
+        lock = OutputDirLock(self.output_dir)  # rank 0 writes the folder; the lock goes when it returns or dies
         if dist.is_main():
             self.output_dir.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+        try:
+            return self._train(eval_fn, eval_every)
+        finally:
+            lock.release()
+
+    def _train(self, eval_fn, eval_every: int) -> list[dict]:
+        cfg = self.cfg
+        start = 0
         if self.resuming:
             start = load_checkpoint(self.run_state, self.output_dir)
             self.engine.update_weights(start)

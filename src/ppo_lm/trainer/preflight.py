@@ -28,7 +28,7 @@ from ..rollout.env_pool import check_env
 from ..rollout.environment import EnvError
 from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError
-from ..runtime.files import prepare_output_dir
+from ..runtime.files import OutputDirLock, prepare_output_dir
 from . import builders, inputs
 from .state import DamagedCheckpointError
 
@@ -66,6 +66,7 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
             prepare_output_dir(out)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        OutputDirLock(out).acquire().release()  # a run already writing there: said before any model loads
     resuming = _check_resume(cfg, out)
 
     m = cfg.model
