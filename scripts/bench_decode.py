@@ -16,7 +16,7 @@ from transformers import Qwen2ForCausalLM
 
 from ppo_lm.cli.bench_workloads import W1_SHAPE, qwen2_config
 from ppo_lm.models import onednn
-from ppo_lm.rollout.sampling import SamplingParams, generate
+from ppo_lm.rollout.sample.sampling import SamplingParams, generate
 
 B = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 1024

@@ -85,7 +85,7 @@ def mallinfo_mb() -> dict[str, float]:
 def hook_phases(trainer, sampler: Sampler) -> None:
     """Label the sampler's phases: sampling (the engine) and scoring, the update's policy and
     critic forward/backward (module pre-hooks) and the optimiser steps."""
-    import ppo_lm.rollout.engine as engine
+    import ppo_lm.rollout.sample.engine as engine
     import ppo_lm.trainer.ppo as ppo
 
     def labelled(fn, label):

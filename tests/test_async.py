@@ -1,4 +1,4 @@
-"""Asynchronous PPO (rollout/async_source.py, docs/async.md): iteration j is sampled with the weights
+"""Asynchronous PPO (rollout/sources/async_source.py, docs/async.md): iteration j is sampled with the weights
 of iteration j − 1 − k exactly, however the producer thread and the learner are timed; a resumed run
 equals the uninterrupted one (the checkpoint keeps the batches sampled ahead); a producer's error
 stops the run where the learner takes the batch; settings that cannot work are refused."""
@@ -108,7 +108,7 @@ def _producers() -> list[int]:
 
 
 def test_a_producer_error_stops_the_run_where_the_learner_takes(tmp_path):
-    from ppo_lm.rollout.async_source import ProducerError
+    from ppo_lm.rollout.sources.async_source import ProducerError
 
     tr = PPOTrainer(tiny_config(tmp_path, iterations=3, **KW), verifier=count_sevens)
     tr.source.plan = FailsAt(tr.source.plan, 2)
@@ -193,7 +193,7 @@ def test_an_environments_episodes_are_sampled_ahead_too(tmp_path):
 
 
 def test_the_weight_box_hands_every_dtype_and_shape_over_to_another_process(tmp_path):
-    from ppo_lm.rollout.weight_box import WeightBox
+    from ppo_lm.rollout.sources.weight_box import WeightBox
 
     g = torch.Generator().manual_seed(0)
     params = [("a", torch.randn(3, 5, generator=g)), ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
@@ -202,7 +202,7 @@ def test_the_weight_box_hands_every_dtype_and_shape_over_to_another_process(tmp_
     out = tmp_path / "read.pt"
     code = textwrap.dedent(f"""
         import pickle, sys, torch
-        from ppo_lm.rollout.weight_box import WeightBox
+        from ppo_lm.rollout.sources.weight_box import WeightBox
         layout = pickle.loads(bytes.fromhex(sys.argv[1]))
         box = WeightBox.attach({box.fd}, layout)  # the descriptor, inherited: the box has no name
         box.close_fd()

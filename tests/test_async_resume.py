@@ -87,7 +87,7 @@ class SleepsAt:
 
 @pytest.mark.slow  # ~10 s: .ci/run runs it
 def test_a_producer_that_stalls_ends_the_run_with_one_line(tmp_path):
-    from ppo_lm.rollout.async_source import ProducerStalled
+    from ppo_lm.rollout.sources.async_source import ProducerStalled
 
     tr = PPOTrainer(tiny_config(tmp_path, **_kw(1)), verifier=count_sevens)
     tr.source.plan, tr.source.stall_timeout_s = SleepsAt(tr.source.plan, 3), 5.0
@@ -103,7 +103,7 @@ def test_a_producer_that_stalls_ends_the_run_with_one_line(tmp_path):
 
 @pytest.mark.slow  # ~12 s: .ci/run runs it
 def test_a_learner_that_stalls_ends_the_producer_with_one_line(tmp_path, monkeypatch):
-    from ppo_lm.rollout.producer_process import ProducerWaitedTooLong
+    from ppo_lm.rollout.sources.producer_process import ProducerWaitedTooLong
 
     tr = PPOTrainer(tiny_config(tmp_path, **_kw(1)), verifier=count_sevens)
     tr.source.stall_timeout_s = 5.0
@@ -125,7 +125,7 @@ def test_the_weight_box_leaves_no_file_and_a_box_too_large_fails_in_one_line(tmp
     import errno
     import os
 
-    from ppo_lm.rollout.weight_box import BoxTooLarge, WeightBox
+    from ppo_lm.rollout.sources.weight_box import BoxTooLarge, WeightBox
 
     params = [("w", torch.randn(300, 40)), ("b", torch.randn(7))]
     for folder in (None, str(tmp_path)):

@@ -99,7 +99,7 @@ def test_score_and_advantage_spreads_keep_their_precision_far_from_zero():
     """score_std and advantage_std are population stds computed in two passes: scores near 1e4 with a
     spread of 0.01 (fp32, as a rollout holds them) get their spread, where E[x²] − mean² cancels to
     noise (or to 0 by the clamp)."""
-    from ppo_lm.rollout.batch import RolloutBatch
+    from ppo_lm.rollout.score.batch import RolloutBatch
     from ppo_lm.trainer.diagnostics import rollout_metrics
 
     g = torch.Generator().manual_seed(0)

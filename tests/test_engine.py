@@ -1,4 +1,4 @@
-"""The generation engine (rollout/engine.py): every sampler of the package goes through one; the
+"""The generation engine (rollout/sample/engine.py): every sampler of the package goes through one; the
 in-process TorchEngine decodes exactly as the sampler does, keeps the module's mode, nests its
 sessions, and carries the version of the weights the learner published."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from trainer_helpers import count_sevens, tiny_config
 
-from ppo_lm.rollout.engine import GenerationEngine, TorchEngine
-from ppo_lm.rollout.sampling import SamplingParams, generate
+from ppo_lm.rollout.sample.engine import GenerationEngine, TorchEngine
+from ppo_lm.rollout.sample.sampling import SamplingParams, generate
 from ppo_lm.tasks.equations import build_tiny_policy, build_tokenizer, make_prompts
 from ppo_lm.trainer.ppo import PPOTrainer
 

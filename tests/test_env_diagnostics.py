@@ -10,7 +10,7 @@ from trainer_helpers import tiny_config
 
 from ppo_lm.cli.main import main
 from ppo_lm.config.validate import validate_config
-from ppo_lm.rollout.batch import RolloutBatch
+from ppo_lm.rollout.score.batch import RolloutBatch
 from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.trainer.diagnostics import rollout_metrics
 from ppo_lm.trainer.ppo import PPOTrainer

@@ -14,9 +14,9 @@ import pytest
 from trainer_helpers import tiny_config
 
 from ppo_lm.cli.main import main
-from ppo_lm.rollout.env_pool import EnvPool
-from ppo_lm.rollout.environment import EnvError
-from ppo_lm.rollout.tools import run_tool_call
+from ppo_lm.rollout.envs.env_pool import EnvPool
+from ppo_lm.rollout.envs.environment import EnvError
+from ppo_lm.rollout.envs.tools import run_tool_call
 from ppo_lm.trainer.ppo import PPOTrainer
 
 ENVS = '''
@@ -24,7 +24,7 @@ import json
 import os
 import time
 
-from ppo_lm.rollout.tools import ToolEnv
+from ppo_lm.rollout.envs.tools import ToolEnv
 
 
 class Busy:
@@ -251,7 +251,7 @@ import subprocess
 import sys
 import time
 
-from ppo_lm.rollout.tools import ToolEnv
+from ppo_lm.rollout.envs.tools import ToolEnv
 
 RECORD = os.environ.get("RECORD")
 if RECORD:
@@ -362,7 +362,7 @@ def test_a_killed_trainer_leaves_nothing_running(tmp_path, more):
     marker = "987.654321"
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
-        from ppo_lm.rollout.env_pool import EnvPool
+        from ppo_lm.rollout.envs.env_pool import EnvPool
         pool = EnvPool("{more}:Spawner", workers=1, timeout_s=600)
         (st,) = pool.start([{{"prompt": "x"}}], [0], 1)
         print("started", flush=True)
@@ -427,7 +427,7 @@ def test_descriptors_numbered_past_1024_and_the_trainers_own_ppo_lm(tmp_path, mo
         if soft < 1200:  # a default soft limit of 1024 would refuse the files below
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard) if hard != resource.RLIM_INFINITY else 4096, hard))
         held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
-        from ppo_lm.rollout.env_pool import EnvPool
+        from ppo_lm.rollout.envs.env_pool import EnvPool
         pool = EnvPool({str(more) + ":Where"!r}, workers=1, timeout_s=30)
         (st,) = pool.start([{{"prompt": "x"}}], [0], 1)
         print(pool.step([(st.eid, "go")])[0][0])
@@ -494,7 +494,7 @@ def test_a_file_in_the_working_directory_does_not_shadow_the_workers_modules(tmp
 def test_what_crosses_to_the_trainer_is_plain_data():
     import numpy as np
 
-    from ppo_lm.rollout.environment import check_step
+    from ppo_lm.rollout.envs.environment import check_step
 
     class Tag:
         pass

@@ -12,7 +12,7 @@ import torch
 from trainer_helpers import action_runs, bpe_tokenizer, tiny_config
 
 from ppo_lm.cli.main import main
-from ppo_lm.rollout.environment import EnvError, Renderer
+from ppo_lm.rollout.envs.environment import EnvError, Renderer
 from ppo_lm.trainer.ppo import PPOTrainer
 
 ENV = '''

@@ -13,7 +13,7 @@ from trainer_helpers import tiny_config
 
 from ppo_lm.cli.main import main
 from ppo_lm.models.loading import ModelLoadError, check_model_dir, load_model
-from ppo_lm.rollout.reward import load_verifier, score_with_verifier
+from ppo_lm.rollout.score.reward import load_verifier, score_with_verifier
 from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.trainer import builders
 from ppo_lm.trainer.ppo import PPOTrainer
@@ -179,7 +179,7 @@ def test_a_raising_reward_shows_the_users_own_lines(tmp_path):
             return [parse(r) for r in responses]
     """))
     fn = load_verifier(f"{tmp_path / 'raising_reward_abc.py'}:score")
-    from ppo_lm.rollout.reward import RewardError
+    from ppo_lm.rollout.score.reward import RewardError
 
     with pytest.raises(RewardError) as e:
         score_with_verifier(fn, ["1+1="], ["two"], {})

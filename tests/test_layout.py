@@ -166,7 +166,7 @@ def test_the_trainer_core_does_not_know_lanes_exist():
     """CPU lanes and DDP's no_sync sit behind Learner.accumulate/backward (and Lanes.map_rows for scoring);
     only the code that builds them names them. The update calls learner.backward(loss, ...), whose
     single-lane path is loss.backward()."""
-    allowed = {"ppo_lm.runtime", "ppo_lm.runtime.lanes", "ppo_lm.trainer.learner", "ppo_lm.rollout.scoring"}
+    allowed = {"ppo_lm.runtime", "ppo_lm.runtime.lanes", "ppo_lm.trainer.learner", "ppo_lm.rollout.score.scoring"}
     users = {m for m, t in _graph().items() if "ppo_lm.runtime.lanes" in t}
     assert users <= allowed, users - allowed
     update = (PKG / "trainer" / "update.py").read_text()
@@ -194,3 +194,47 @@ def test_every_case_of_docs_errors_names_a_test_that_exists():
     missing = [f"{f}::{name}" for f, name in refs
                if not (ROOT / "tests" / f).is_file() or f"def {name}(" not in (ROOT / "tests" / f).read_text()]
     assert not missing, f"docs/errors.md names tests that do not exist: {missing}"
+
+
+def _architecture_rows(text: str) -> dict[str, str]:
+    """docs/architecture.md's table of layers: package -> what its row says."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\| \d \| `(\w+)` \| (.*) \|$", text, re.M)}
+
+
+def _architecture_gaps(text: str, pkg: Path = PKG) -> list[str]:
+    """What docs/architecture.md leaves out or names wrongly: a package without its row, a module or a
+    wing (a sub-package, ``name/``) its package's row does not name, a path (``a/b.py``) that does not exist."""
+    rows = _architecture_rows(text)
+    gaps = []
+    for top in sorted(p for p in pkg.iterdir() if (p / "__init__.py").is_file()):
+        row = rows.get(top.name)
+        if row is None:
+            gaps.append(f"package {top.name}: no row")
+            continue
+        for p in sorted(top.rglob("*.py")):
+            rel = p.relative_to(top)
+            if p.stem == "__init__":
+                if rel.parent != Path(".") and f"`{rel.parent.as_posix()}/`" not in row:
+                    gaps.append(f"{top.name}: wing {rel.parent.as_posix()}/ not named")
+            elif not any(f"`{p.stem}{end}" in row for end in ("`", ".py`", ".")):  # `lean`, `ppo.PPOTrainer`
+                gaps.append(f"{top.name}: module {rel.as_posix()} not named")
+    for path in re.findall(r"`((?:\w+/)+\w+\.py)", text):
+        if not (pkg / path).is_file() and not (ROOT / path).is_file():
+            gaps.append(f"{path}: no such file")
+    return gaps
+
+
+def test_the_architecture_page_is_in_step_with_the_tree(tmp_path):
+    """Every package has its row in docs/architecture.md's table, each row names every module and wing
+    of its package, and every path the page gives exists; and the check sees a module added, a path
+    gone, a package without a row."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    assert not _architecture_gaps(text)
+    fake = tmp_path / "ppo_lm"
+    shutil.copytree(PKG, fake, ignore=shutil.ignore_patterns("__pycache__"))
+    (fake / "rollout" / "sample" / "newcomer.py").write_text("")
+    (fake / "extra").mkdir()
+    (fake / "extra" / "__init__.py").write_text("")
+    gaps = _architecture_gaps(text.replace("runtime/lanes.py", "runtime/lanes_gone.py"), fake)
+    assert gaps == ["package extra: no row", "rollout: module sample/newcomer.py not named",
+                    "runtime/lanes_gone.py: no such file"], gaps

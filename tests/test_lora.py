@@ -71,7 +71,7 @@ def test_the_lean_path_runs_adapters_as_transformers_does(monkeypatch):
     the adapters' gradients and greedy decoding equal transformers' forward through peft's layers."""
     from ppo_lm.models import actor_critic, lean_support
     from ppo_lm.models.hf_compat import trunk
-    from ppo_lm.rollout.sampling import SamplingParams, generate
+    from ppo_lm.rollout.sample.sampling import SamplingParams, generate
 
     tok = build_tokenizer()
     lm = build_tiny_policy(tok, seed=0, hidden_size=32).eval()

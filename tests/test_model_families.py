@@ -47,7 +47,7 @@ from ppo_lm.models import actor_critic, lean, lean_support
 from ppo_lm.models.actor_critic import CriticModel, PolicyModel
 from ppo_lm.models.hf_compat import scalar_head, trunk
 from ppo_lm.models.logprobs import position_ids_from_mask
-from ppo_lm.rollout.sampling import SamplingParams, generate
+from ppo_lm.rollout.sample.sampling import SamplingParams, generate
 
 V, P, T = 64, 6, 7
 SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

@@ -21,8 +21,8 @@ from transformers import (
 from ppo_lm.models import lean_support, onednn
 from ppo_lm.models.actor_critic import CriticModel, PolicyModel, sequence_scores
 from ppo_lm.models.logprobs import position_ids_from_mask
-from ppo_lm.rollout.batch import length_groups
-from ppo_lm.rollout.sampling import SamplingParams, _HFDecoder, _LeanDecoder, generate
+from ppo_lm.rollout.sample.sampling import SamplingParams, _HFDecoder, _LeanDecoder, generate
+from ppo_lm.rollout.score.batch import length_groups
 
 V, P, T = 40, 6, 7
 ARCHS = {

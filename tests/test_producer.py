@@ -1,5 +1,5 @@
-"""The producer (rollout/producer.py), its trajectories (rollout/trajectory.py), the learner's scoring of
-them (rollout/scoring.py) and the source the trainer takes them from (rollout/source.py): single-turn
+"""The producer (rollout/sample/producer.py), its trajectories (rollout/trajectory.py), the learner's scoring of
+them (rollout/score/scoring.py) and the source the trainer takes them from (rollout/sources/source.py): single-turn
 responses are one-turn episodes sampled exactly as the engine samples; every trajectory carries the
 sampler's log-probabilities and the version that sampled it; scoring lays each record out as a naive
 concatenation does, whatever the order of the records."""
@@ -10,11 +10,11 @@ import torch
 from trainer_helpers import count_sevens, tiny_config
 
 from ppo_lm.data.prompts import encode_prompts
-from ppo_lm.rollout.engine import TorchEngine
-from ppo_lm.rollout.producer import Producer
-from ppo_lm.rollout.sampling import SamplingParams
-from ppo_lm.rollout.scoring import pack
-from ppo_lm.rollout.source import Request, SyncSource
+from ppo_lm.rollout.sample.engine import TorchEngine
+from ppo_lm.rollout.sample.producer import Producer
+from ppo_lm.rollout.sample.sampling import SamplingParams
+from ppo_lm.rollout.score.scoring import pack
+from ppo_lm.rollout.sources.source import Request, SyncSource
 from ppo_lm.rollout.trajectory import Trajectory, TrajectoryBatch
 from ppo_lm.tasks.equations import build_tiny_policy, build_tokenizer, make_prompts
 from ppo_lm.trainer.ppo import PPOTrainer

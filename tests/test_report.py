@@ -107,7 +107,7 @@ def test_the_raw_advantage_is_labelled_as_what_the_runs_estimator_returned(estim
     from ppo_lm.config.train import AlgoConfig
     from ppo_lm.config.validate import resolve_algo
     from ppo_lm.reporting.report_page import render_page
-    from ppo_lm.rollout.batch import RolloutBatch
+    from ppo_lm.rollout.score.batch import RolloutBatch
     from ppo_lm.tasks.equations import build_tokenizer
     from ppo_lm.trainer.credit import PER_TOKEN_KEYS, CreditTargets, credit_records
 

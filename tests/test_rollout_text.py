@@ -7,7 +7,7 @@ from tokenizers.processors import TemplateProcessing
 
 from ppo_lm.data.examples import encode_prompt_response
 from ppo_lm.data.prompts import encode_prompts
-from ppo_lm.rollout.text import response_texts
+from ppo_lm.rollout.score.reward import response_texts
 from ppo_lm.rollout.trajectory import Trajectory
 from ppo_lm.tasks.equations import build_tokenizer
 

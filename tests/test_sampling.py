@@ -6,8 +6,14 @@ import pytest
 import torch
 from test_perf_equivalence import V, _model
 
-from ppo_lm.rollout import sampling
-from ppo_lm.rollout.sampling import SamplingParams, decode_rows, generate, sample_categorical, sample_next
+from ppo_lm.rollout.sample import sampling
+from ppo_lm.rollout.sample.sampling import (
+    SamplingParams,
+    decode_rows,
+    generate,
+    sample_categorical,
+    sample_next,
+)
 
 
 def test_sample_categorical_frequencies_match_probabilities():

@@ -14,8 +14,8 @@ from trainer_helpers import bpe_tokenizer, tiny_config
 from ppo_lm.algorithms import gae, shape_rewards
 from ppo_lm.cli.main import main
 from ppo_lm.rollout import Reward
-from ppo_lm.rollout.reward import RewardError, verifier_rewards
-from ppo_lm.rollout.steps import step_reward_tensor, token_of_char
+from ppo_lm.rollout.score.reward import RewardError, verifier_rewards
+from ppo_lm.rollout.score.step_rewards import step_reward_tensor, token_of_char
 from ppo_lm.trainer.ppo import PPOTrainer
 
 CORPUS = ["the step is 3 + 4 = 7", "café costs 5 €", "naïve über 12 × 3 = 36", "ok → done ✓", "日本語 text"]

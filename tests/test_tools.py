@@ -11,8 +11,8 @@ import pytest
 import torch
 from trainer_helpers import bpe_tokenizer, tiny_config
 
-from ppo_lm.rollout.environment import Renderer
-from ppo_lm.rollout.tools import ToolEnv, parse_tool_calls, run_tool_call
+from ppo_lm.rollout.envs.environment import Renderer
+from ppo_lm.rollout.envs.tools import ToolEnv, parse_tool_calls, run_tool_call
 from ppo_lm.tasks.equations import build_tiny_policy
 from ppo_lm.trainer.ppo import PPOTrainer
 
@@ -168,7 +168,7 @@ def test_a_tool_without_a_docstring_is_refused_before_any_model(tmp_path, capsys
     from ppo_lm.cli.main import main
 
     f = tmp_path / "env.py"
-    f.write_text("from ppo_lm.rollout.tools import ToolEnv\n\n\ndef add(a: int, b: int) -> int:\n    return a + b\n\n\n"
+    f.write_text("from ppo_lm.rollout.envs.tools import ToolEnv\n\n\ndef add(a: int, b: int) -> int:\n    return a + b\n\n\n"
                  "class Env(ToolEnv):\n    tools = [add]\n")
     code = main(["train", "--iterations", "1", "--log.no-tensorboard", "--rollout.env", f"{f}:Env",
                  "--output-dir", str(tmp_path / "run")])
@@ -178,7 +178,7 @@ def test_a_tool_without_a_docstring_is_refused_before_any_model(tmp_path, capsys
 
 
 def test_a_template_that_refuses_the_tool_role_is_one_line(chat_tokenizer):
-    from ppo_lm.rollout.environment import EnvError
+    from ppo_lm.rollout.envs.environment import EnvError
 
     strict = ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
               "{{ raise_exception('Conversation roles must alternate user/assistant\\nand nothing else') }}{% endif %}"

@@ -168,7 +168,7 @@ def test_turn_records_of_a_batch():
     single-turn batch's records carry no `turns`."""
     from ppo_lm.config.train import AlgoConfig
     from ppo_lm.config.validate import resolve_algo
-    from ppo_lm.rollout.batch import RolloutBatch
+    from ppo_lm.rollout.score.batch import RolloutBatch
     from ppo_lm.tasks.equations import build_tokenizer
     from ppo_lm.trainer.credit import CreditTargets, credit_records, episode_turns
 

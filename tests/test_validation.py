@@ -13,7 +13,7 @@ from ppo_lm.cli.main import main
 from ppo_lm.config.io import from_dict, load_yaml
 from ppo_lm.config.train import TrainConfig
 from ppo_lm.config.validate import validate_config
-from ppo_lm.rollout.reward import RewardError
+from ppo_lm.rollout.score.reward import RewardError
 from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.trainer.ppo import PPOTrainer
 from ppo_lm.trainer.update import NonFiniteLossError

@@ -2,7 +2,7 @@
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` form of Qwen-style chat templates; its
 first turn without a call is its answer. Needs a chat template that renders `tools`."""
 
-from ppo_lm.rollout.tools import ToolEnv
+from ppo_lm.rollout import ToolEnv
 
 
 def add(a: int, b: int) -> int:

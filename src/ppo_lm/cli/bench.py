@@ -93,9 +93,9 @@ def host_load(before: HostCPU | None, after: HostCPU | None, own_s: float) -> di
 
 
 def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float]:
-    """Tokens/s of ``transformers`` ``model.generate`` vs ppo-lm's ``rollout.sampling.generate`` on the
+    """Tokens/s of ``transformers`` ``model.generate`` vs ppo-lm's ``rollout.sample.sampling.generate`` on the
     workload's policy and prompt batch (B × P prompts, exactly R sampled tokens, temperature 1)."""
-    from ..rollout.sampling import SamplingParams
+    from ..rollout.sample.sampling import SamplingParams
 
     tok, lm = trainer.tokenizer, trainer.policy.lm
     R = shape.response_len  # W1's sampling on either workload: exactly R tokens, EOS masked

@@ -145,10 +145,10 @@ def check_demo(cfg: DemoConfig, out: Path) -> None:
 
 def _preference_pairs_from_policy(lm, tok, rows, samples: int, seed: int, max_new_tokens: int) -> list[dict]:
     """Pairs (correct over incorrect) from the policy's own samples, labelled by the verifier."""
-    from ..rollout.engine import TorchEngine
-    from ..rollout.producer import Producer
-    from ..rollout.sampling import SamplingParams
-    from ..rollout.text import response_texts
+    from ..rollout.sample.engine import TorchEngine
+    from ..rollout.sample.producer import Producer
+    from ..rollout.sample.sampling import SamplingParams
+    from ..rollout.score.reward import response_texts
     from ..tasks.equations import verify
 
     prompts = [r["prompt"] for r in rows for _ in range(samples)]
@@ -205,9 +205,9 @@ def run_demo(cfg: DemoConfig) -> dict:
 
     from ..config.io import to_dict
     from ..reporting.plots import plot_proxy_vs_gold, plot_run
-    from ..rollout.engine import TorchEngine
     from ..rollout.evaluate import greedy_eval
-    from ..rollout.producer import Producer
+    from ..rollout.sample.engine import TorchEngine
+    from ..rollout.sample.producer import Producer
     from ..stages.sft import SFTConfig, train_sft
     from ..tasks.equations import build_tiny_policy, build_tokenizer, make_prompts, sft_demonstrations, verify
     from ..trainer.ppo import PPOTrainer

@@ -172,7 +172,7 @@ def split_rows(rows: Sequence[dict], heldout_fraction: float, seed: int,
 def prompt_ids(tokenizer, prompt: str | list[dict], add_special_tokens: bool = True) -> list[int]:
     """Token ids of a prompt as the PPO rollout encodes it: text with the tokenizer's special tokens
     (e.g. a BOS; unless ``add_special_tokens`` is False), or chat messages rendered by the chat
-    template (:func:`ppo_lm.rollout.text.render_conversation`, assistant turn opened) and encoded
+    template (:func:`ppo_lm.rollout.score.reward.render_conversation`, assistant turn opened) and encoded
     without adding special tokens, since the template writes its own (a second BOS would be
     off-distribution). Raises :class:`ChatTemplateError` when the tokenizer has no chat template or
     the template fails on the messages."""

@@ -1,5 +1,5 @@
 """Chat messages as rows hold them. Free of torch: an environment's worker process checks what the
-environment returns with it (:mod:`ppo_lm.rollout.env_worker`)."""
+environment returns with it (:mod:`ppo_lm.rollout.envs.env_worker`)."""
 
 from __future__ import annotations
 

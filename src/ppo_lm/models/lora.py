@@ -158,7 +158,7 @@ def adapters_off(model: nn.Module):
     several threads at once (CPU lanes scoring the reference side by side): the adapters go off at
     the first entry and back on at the last exit. No forward of the adapted model may run meanwhile —
     the switch is the model's, not the thread's — which is why the rollout scores the reference in a
-    pass of its own (:func:`ppo_lm.rollout.scoring.score_sequences`)."""
+    pass of its own (:func:`ppo_lm.rollout.score.scoring.score_sequences`)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]

@@ -1,6 +1,6 @@
 """Evaluation of a policy on held-out rows: greedy (the held-out accuracy of the demo and of
 ``log.eval_every``) or k samples per row for pass@k, scored by a verifier — or, with an environment,
-held-out episodes scored by their return. Both sample through a :class:`~ppo_lm.rollout.producer.Producer`."""
+held-out episodes scored by their return. Both sample through a :class:`~ppo_lm.rollout.sample.producer.Producer`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from collections.abc import Callable
 
 import torch
 
-from .producer import Producer
-from .reward import Verifier, score_with_verifier
-from .sampling import SamplingParams
-from .text import response_texts
+from .sample.producer import Producer
+from .sample.sampling import SamplingParams
+from .score.reward import Verifier, response_texts, score_with_verifier
 
 Scorer = Callable[[list[str], list[str], dict[str, list]], torch.Tensor]
 """``f(prompts, responses, columns) -> (B,) scores``."""

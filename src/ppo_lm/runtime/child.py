@@ -1,5 +1,5 @@
 """Child processes that never outlive the one that started them: an environment's worker
-(:mod:`ppo_lm.rollout.env_worker`) and an asynchronous producer (:mod:`ppo_lm.rollout.producer_process`)
+(:mod:`ppo_lm.rollout.envs.env_worker`) and an asynchronous producer (:mod:`ppo_lm.rollout.sources.producer_process`)
 are both started here, live the same way and stop the same way.
 
 :func:`start` runs ``python -u -c BOOT MODULE FD DEATH_FD PACKAGE_ROOT`` in a session of its own (a

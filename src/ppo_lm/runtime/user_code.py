@@ -1,7 +1,7 @@
 """The user's own code as the run meets it: importing what a spec names (``'path/to/file.py:name'``
 or ``'module:name'``), showing where it failed by its own frames, in one line, and taking the numbers
 it returns only when they are numbers. Free of torch, so an environment's worker process
-(:mod:`ppo_lm.rollout.env_worker`) starts in a fraction of a second."""
+(:mod:`ppo_lm.rollout.envs.env_worker`) starts in a fraction of a second."""
 
 from __future__ import annotations
 

@@ -24,13 +24,13 @@ from ..config.validate import resolve_algo
 from ..models import kernels, sharding
 from ..models.actor_critic import CriticModel, PolicyModel, RewardScorer
 from ..models.hf_compat import enable_checkpointing
-from ..rollout.async_source import AsyncSource
-from ..rollout.engine import TorchEngine
-from ..rollout.producer import Producer
-from ..rollout.reward import RewardTerm, Verifier
-from ..rollout.sampling import SamplingParams
-from ..rollout.scoring import RolloutModels, ScoringSettings
-from ..rollout.source import SyncSource
+from ..rollout.sample.engine import TorchEngine
+from ..rollout.sample.producer import Producer
+from ..rollout.sample.sampling import SamplingParams
+from ..rollout.score.reward import RewardTerm, Verifier
+from ..rollout.score.scoring import RolloutModels, ScoringSettings
+from ..rollout.sources.async_source import AsyncSource
+from ..rollout.sources.source import SyncSource
 from ..runtime import distributed as dist
 from . import adapters, builders, inputs, schedule
 from .evaluation import HeldOut

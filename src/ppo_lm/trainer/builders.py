@@ -16,7 +16,7 @@ from ..models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, CriticModel, 
 from ..models.hf_compat import disable_dropout, load_tokenizer, scalar_head, trunk
 from ..models.loading import check_tokenizer_dir, load_model
 from ..records import console
-from ..rollout.reward import RewardTerm, load_verifier, term_name
+from ..rollout.score.reward import RewardTerm, load_verifier, term_name
 from ..runtime.errors import ConfigError
 
 if TYPE_CHECKING:  # imported where used: the environment's pool only with `rollout.env`

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from ..algorithms.off_policy import CorrectionSettings, off_policy_weights, resolve_correction
 from ..config.train import AlgoConfig
-from ..rollout.batch import RolloutBatch
+from ..rollout.score.batch import RolloutBatch
 from ..runtime import distributed as dist
 
 

@@ -17,7 +17,7 @@ from torch import Tensor
 from ..algorithms import adaptive_lambda, get_advantage_estimator, kl_penalty
 from ..algorithms.advantages import compact_tokens, td_residuals
 from ..config.train import AlgoConfig, TrainConfig
-from ..rollout.batch import RolloutBatch
+from ..rollout.score.batch import RolloutBatch
 
 CREDIT_FILE = "credit.jsonl"
 

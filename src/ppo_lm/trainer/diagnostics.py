@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from ..algorithms import explained_variance, kl_penalty, masked_mean_var
-from ..rollout.batch import RolloutBatch
+from ..rollout.score.batch import RolloutBatch
 from ..runtime import distributed as dist
 from ..runtime.timing import Timer
 

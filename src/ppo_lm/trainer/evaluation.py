@@ -11,9 +11,9 @@ import torch
 from torch import Tensor
 
 from ..rollout.evaluate import evaluate, evaluate_episodes
-from ..rollout.producer import Producer
-from ..rollout.reward import RewardTerm, Verifier, combine_terms, score_with_verifier
-from ..rollout.sampling import SamplingParams
+from ..rollout.sample.producer import Producer
+from ..rollout.sample.sampling import SamplingParams
+from ..rollout.score.reward import RewardTerm, Verifier, combine_terms, score_with_verifier
 from ..runtime import distributed as dist
 from ..runtime.timing import Timer
 from . import schedule

@@ -17,9 +17,9 @@ from . import schedule
 from .builders import ensure_pad_token, generation_stop_ids, single_token_id
 
 if TYPE_CHECKING:  # imported where used: the environment's pool only with `rollout.env`
-    from ..rollout.env_pool import EnvPool
-    from ..rollout.environment import Renderer
-    from ..rollout.producer import EpisodeSettings
+    from ..rollout.envs.env_pool import EnvPool
+    from ..rollout.envs.environment import Renderer
+    from ..rollout.sample.producer import EpisodeSettings
 
 
 def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False, env: bool = False) -> list[dict]:
@@ -100,9 +100,9 @@ def episode_setup(cfg: TrainConfig, tokenizer, policy_lm: nn.Module) -> EpisodeS
     """With ``rollout.env``: the pool of worker processes the environment runs in (started on first use),
     the renderer of its answers (the chat template of ``data.chat_template``) and the episodes' limits
     (``max_episode_tokens`` 0 = the policy's context)."""
-    from ..rollout.env_pool import EnvPool
-    from ..rollout.environment import Renderer
-    from ..rollout.producer import EpisodeSettings
+    from ..rollout.envs.env_pool import EnvPool
+    from ..rollout.envs.environment import Renderer
+    from ..rollout.sample.producer import EpisodeSettings
 
     r, d = cfg.rollout, cfg.data
     context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9

@@ -1,12 +1,12 @@
 """What each iteration plays on this rank — its prompt rows, and with an environment one seed per row —
-as the source asks for it (:class:`~ppo_lm.rollout.source.Request`); the arithmetic is
+as the source asks for it (:class:`~ppo_lm.rollout.sources.source.Request`); the arithmetic is
 trainer/schedule.py's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..rollout.source import Request
+from ..rollout.sources.source import Request
 from . import schedule
 
 

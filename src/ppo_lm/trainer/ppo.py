@@ -29,8 +29,8 @@ from ..config.train import TrainConfig
 from ..config.validate import effective_algo
 from ..records import console
 from ..records.metrics_log import MetricsLogger, truncate_jsonl
-from ..rollout.batch import RolloutBatch
-from ..rollout.scoring import score_trajectories
+from ..rollout.score.batch import RolloutBatch
+from ..rollout.score.scoring import score_trajectories
 from ..rollout.trajectory import TrajectoryBatch
 from ..runtime import distributed as dist
 from ..runtime.files import OutputDirLock

@@ -23,9 +23,9 @@ from ..data.prompts import is_conversation
 from ..models.loading import check_model_dir, check_tokenizer_dir
 from ..records.checkpoint import MANIFEST, list_checkpoints, verify
 from ..records.trackers import check_trackers
-from ..rollout import env_worker
-from ..rollout.env_pool import check_env
-from ..rollout.environment import EnvError
+from ..rollout.envs import env_worker
+from ..rollout.envs.env_pool import check_env
+from ..rollout.envs.environment import EnvError
 from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError
 from ..runtime.files import OutputDirLock, prepare_output_dir

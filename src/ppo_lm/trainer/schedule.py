@@ -90,7 +90,7 @@ def sampling_seed(seed: int, rank: int) -> int:
 
 def producer_sampling_seed(seed: int, rank: int, iteration: int) -> int:
     """An asynchronous producer's sampling generator for ``iteration`` on ``rank``: one per iteration,
-    so what it samples does not depend on when it samples (rollout/async_source.py). In [0, 2³²): a CPU
+    so what it samples does not depend on when it samples (rollout/sources/async_source.py). In [0, 2³²): a CPU
     generator keeps a seed's low 32 bits only, so the run's seed must move those bits too. Distinct for
     every (iteration, rank) of a run below 2²⁰ iterations and 4096 ranks (a bijection mod 2³², as
     :func:`group_seed`), and spread across runs by the seed's offset."""

@@ -22,7 +22,7 @@ from ..config.train import OptimConfig, TrainConfig
 from ..models import sharding
 from ..models.actor_critic import packs_sequences
 from ..models.hf_compat import checkpointing_on
-from ..rollout.batch import UpdateBatch, agreed_length_groups
+from ..rollout.score.batch import UpdateBatch, agreed_length_groups
 from ..runtime import distributed as dist
 from ..runtime.errors import UserError
 from ..runtime.memory import release_free_memory

@@ -8,7 +8,7 @@ with :meth:`GenerationEngine.update_weights`, so what an engine sampled can be s
 version that sampled it.
 
 :class:`TorchEngine` is the one this package ships: in-process, decoding with the training module's
-own weights (:func:`~ppo_lm.rollout.sampling.generate`: the lean decoder where the model supports it,
+own weights (:func:`~ppo_lm.rollout.sample.sampling.generate`: the lean decoder where the model supports it,
 transformers' forward otherwise), FSDP's gathering of the sharded weights inside it only.
 """
 
@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from ..models.sharding import gathered
+from ...models.sharding import gathered
 from .sampling import Generation, SamplingParams, generate
 
 
@@ -53,7 +53,7 @@ class TorchEngine:
     :meth:`update_weights` only records the version). ``lm``: the causal LM that decodes;
     ``pad_token_id``: what pads the responses (the tokenizer's); ``root``: the module FSDP shards it
     under (the policy module; default ``lm``); ``lean_path`` as for
-    :func:`~ppo_lm.rollout.sampling.generate`."""
+    :func:`~ppo_lm.rollout.sample.sampling.generate`."""
 
     def __init__(self, lm: nn.Module, *, pad_token_id: int, root: nn.Module | None = None,
                  lean_path: bool | None = None):

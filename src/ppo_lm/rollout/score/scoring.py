@@ -1,5 +1,5 @@
 """Step 1's scoring half, on the learner's side (docs/algorithm.md §1.1): trajectories → a
-:class:`~ppo_lm.rollout.batch.RolloutBatch`, every model's forward over the sequences with no
+:class:`~ppo_lm.rollout.score.batch.RolloutBatch`, every model's forward over the sequences with no
 gradients — π_old (or the sampler's log-probabilities, ``rollout.logp_from_sampler``), π_ref, V_old and
 the reward models — then the reward: the verifiers' scores of single-turn responses, or an
 environment's turn rewards, each on its turn's last action token (the last turn's is the episode's
@@ -14,11 +14,12 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from ..data.examples import pad_sequences
-from ..models.actor_critic import CriticModel, PolicyModel
-from ..models.lora import adapters_off
-from ..models.sharding import frozen_mode
-from ..runtime.lanes import Lanes
+from ...data.examples import pad_sequences
+from ...models.actor_critic import CriticModel, PolicyModel
+from ...models.lora import adapters_off
+from ...models.sharding import frozen_mode
+from ...runtime.lanes import Lanes
+from ..trajectory import Trajectory, TrajectoryBatch
 from .batch import RolloutBatch, agreed_length_groups
 from .reward import (
     RewardTerm,
@@ -28,8 +29,7 @@ from .reward import (
     score_with_verifier,
     verifier_rewards,
 )
-from .steps import Steps, merge_steps, step_reward_tensor, weighted
-from .trajectory import Trajectory, TrajectoryBatch
+from .step_rewards import Steps, merge_steps, step_reward_tensor, weighted
 
 
 @dataclass
@@ -232,7 +232,7 @@ def verify(models: RolloutModels, prompts: list, responses: list[str], columns: 
     """The verifiers' scores of the responses into ``term_scores`` (where the reward models' already
     are, (B,) each), and ``(score, gold score, steps)``: the terms' weighted sum, the gold verifier's
     (None without one), (B,) each, and the terms' weighted step rewards per response (None when no
-    verifier returned a :class:`~ppo_lm.rollout.steps.Reward`)."""
+    verifier returned a :class:`~ppo_lm.rollout.score.step_rewards.Reward`)."""
     term_steps = []
     for i, term in enumerate(models.rewards):
         if term.verifier is not None:

@@ -6,7 +6,7 @@ of a call advances turn by turn in one batch: the unfinished ones are sampled to
 environments step (in parallel, over the pool's workers), and each answer is rendered to
 observation ids. Token-in-token-out: an episode's sequence is its first prompt's ids, then per turn
 the ids the policy sampled (never re-tokenized) and the observation ids. Nothing here scores: the
-learner does (:mod:`ppo_lm.rollout.scoring`).
+learner does (:mod:`ppo_lm.rollout.score.scoring`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..data.examples import pad_sequences
-from ..data.prompts import encode_prompts
+from ...data.examples import pad_sequences
+from ...data.prompts import encode_prompts
+from ..envs.env_pool import EnvPool
+from ..envs.environment import EnvError, Renderer
+from ..trajectory import Trajectory
 from .engine import GenerationEngine
-from .env_pool import EnvPool
-from .environment import EnvError, Renderer
 from .sampling import SamplingParams
-from .trajectory import Trajectory
 
 UNLIMITED = 1 << 62  # a single-turn episode's token limit: the response limit alone bounds it
 

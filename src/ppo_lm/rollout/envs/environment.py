@@ -1,6 +1,6 @@
 """A user's environment (docs/environments.md): loading its class, the protocol's checks of what it
 returns, and rendering its messages to observation tokens. The environment's own code runs in worker
-processes (:mod:`ppo_lm.rollout.env_pool`), where a time limit can stop it; nothing here imports torch.
+processes (:mod:`ppo_lm.rollout.envs.env_pool`), where a time limit can stop it; nothing here imports torch.
 
 The protocol, one instance per episode::
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 
-from ..data.messages import is_conversation
-from ..runtime.errors import UserError
-from ..runtime.user_code import load_object, one_line, reward_number, user_frames
+from ...data.messages import is_conversation
+from ...runtime.errors import UserError
+from ...runtime.user_code import load_object, one_line, reward_number, user_frames
 
 SENTINEL = "\u2063ppo-lm-turn\u2063"
 """Assistant content used to find what a chat template writes after an assistant message."""
@@ -36,7 +36,7 @@ def load_env(spec: str, field_name: str = "rollout.env") -> type:
     """The environment class of ``'path/to/env.py:Class'`` or ``'module:Class'`` (ValueError naming the
     field otherwise) — or a built-in one (``builtin:equations_retry``); it must have ``reset`` and ``step``."""
     if spec.startswith("builtin:"):
-        from ..tasks.retry import BUILTIN_ENVS
+        from ...tasks.retry import BUILTIN_ENVS
 
         if spec not in BUILTIN_ENVS:
             raise ValueError(f"`{field_name}`={spec!r}: the built-in environments are {', '.join(sorted(BUILTIN_ENVS))}")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..runtime.errors import UserError
+from ...runtime.errors import UserError
 
 _ALIGN = 64  # bytes: every parameter's slice starts on a cache line (and on its dtype's alignment)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..runtime.user_code import reward_number
+from ...runtime.user_code import reward_number
 
 Steps = list[tuple[int, float]]
 """One response's step rewards: ``(char_end, reward)`` pairs, ``char_end`` counted in the response text."""

@@ -1,13 +1,13 @@
 """A source that samples ahead of the learner (``rollout.max_staleness`` k ≥ 1; docs/async.md).
 
-A producer in a process of its own (:mod:`ppo_lm.rollout.producer_process`), with its own copy of the
+A producer in a process of its own (:mod:`ppo_lm.rollout.sources.producer_process`), with its own copy of the
 policy's language model, samples iteration j with the weights of version s(j) = max(0, j − 1 − k) —
 the learner's after iteration j − 1 − k — while the learner trains on the iterations before j. The
 schedule is exact, not "the newest weights at the time": the producer waits for version s(j) before
 it samples j, so at most k batches wait for the learner, the producer paces itself (it never drops a
 batch), an episode never spans a publish, and a seeded run samples the same trajectories however the
 two processes are timed — each iteration's sampling generator is seeded by the iteration
-(``seed_for``). The weights go through a :class:`~ppo_lm.rollout.weight_box.WeightBox` (the trainable
+(``seed_for``). The weights go through a :class:`~ppo_lm.rollout.sources.weight_box.WeightBox` (the trainable
 parameters only: LoRA's adapters alone); a publish writes the box once the producer has copied the
 previous version out of it. A checkpoint keeps the batches already sampled (:meth:`AsyncSource.pending`),
 so a run resumed after a crash takes exactly what the uninterrupted one would have. The producer stops
@@ -28,13 +28,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..runtime import child
-from ..runtime.errors import UserError
-from .producer import Producer
+from ...runtime import child
+from ...runtime.errors import UserError
+from ..sample.producer import Producer
+from ..sample.sampling import SamplingParams
+from ..trajectory import TrajectoryBatch
 from .producer_process import ProducerSpec
-from .sampling import SamplingParams
 from .source import Request
-from .trajectory import TrajectoryBatch
 from .weight_box import WeightBox
 
 
@@ -159,7 +159,7 @@ class AsyncSource:
     # -- the producer's process ---------------------------------------------------------------
     def _spawn(self, box_fd: int) -> None:
         self._started, self._heard = False, 0
-        self._child = child.start("ppo_lm.rollout.producer_process", pass_fds=(box_fd,))
+        self._child = child.start("ppo_lm.rollout.sources.producer_process", pass_fds=(box_fd,))
         self._proc, self._conn = self._child.proc, self._child.conn
         self._receiver = threading.Thread(target=self._receive, name="ppo-lm producer receiver", daemon=True)
         self._receiver.start()

@@ -1,4 +1,5 @@
-"""Scoring complete responses: rule-based verifiers and learned reward models (docs/algorithm.md §2)."""
+"""Scoring complete responses: their text (prompts go in through :mod:`ppo_lm.data.prompts`), rule-based
+verifiers and learned reward models (docs/algorithm.md §2)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,23 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..models.actor_critic import RewardScorer, sequence_scores
-from ..models.sharding import frozen_mode
-from ..runtime.errors import UserError
-from ..runtime.user_code import load_object, one_line, user_frames
-from .steps import Steps, split_rewards
+from ...models.actor_critic import RewardScorer, sequence_scores
+from ...models.sharding import frozen_mode
+from ...runtime.errors import UserError
+from ...runtime.user_code import load_object, one_line, user_frames
+from ..trajectory import Trajectory
+from .step_rewards import Steps, split_rewards
 
 Verifier = Callable[..., Sequence]
 """``f(prompts: list[str], responses: list[str], **columns) -> list[float | Reward]``; columns are the
-extra dataset columns of the same rows (lists); a :class:`~ppo_lm.rollout.steps.Reward` adds step
+extra dataset columns of the same rows (lists); a :class:`~ppo_lm.rollout.score.step_rewards.Reward` adds step
 rewards to a score."""
+
+
+def response_texts(tokenizer, trajectories: list[Trajectory]) -> list[str]:
+    """Each single-turn response's text: its ids without the stop token that ended it
+    (:meth:`Trajectory.response_ids`), special tokens skipped."""
+    return tokenizer.batch_decode([t.response_ids() for t in trajectories], skip_special_tokens=True)
 
 
 class RewardError(UserError, RuntimeError):
@@ -61,7 +69,7 @@ def load_verifier(spec: str, field: str = "model.reward") -> Verifier:
     ``'module:fn'``, imported with the current directory on the import path, as ``python -m`` and
     ``python script.py`` users expect (a console script does not put it there)."""
     if spec == "builtin:equations":
-        from ..tasks.equations import verify
+        from ...tasks.equations import verify
 
         return verify
     if ":" not in spec:
@@ -76,7 +84,7 @@ def load_verifier(spec: str, field: str = "model.reward") -> Verifier:
 def score_with_verifier(
     verifier: Verifier, prompts: list[str], responses: list[str], columns: dict[str, list]
 ) -> Tensor:
-    """The verifier's (B,) fp32 scores (a :class:`~ppo_lm.rollout.steps.Reward`'s terminal score; its
+    """The verifier's (B,) fp32 scores (a :class:`~ppo_lm.rollout.score.step_rewards.Reward`'s terminal score; its
     step rewards are for training, :func:`verifier_rewards`), or a :class:`RewardError`."""
     return verifier_rewards(verifier, prompts, responses, columns)[0]
 

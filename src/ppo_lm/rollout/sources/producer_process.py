@@ -1,9 +1,9 @@
 """The process an asynchronous producer samples in (docs/async.md): started by
-:class:`~ppo_lm.rollout.async_source.AsyncSource` through :mod:`ppo_lm.runtime.child`, told what to
+:class:`~ppo_lm.rollout.sources.async_source.AsyncSource` through :mod:`ppo_lm.runtime.child`, told what to
 sample over its socket (a pickled :class:`ProducerSpec`: its own copy of the policy's language model, its engine, the
 plan of the iterations, with an environment the settings of its own pool of workers), and then on its
 own: iteration after iteration it copies the weights the iteration needs out of the shared
-:class:`~ppo_lm.rollout.weight_box.WeightBox` — waiting for the learner to publish them — samples
+:class:`~ppo_lm.rollout.sources.weight_box.WeightBox` — waiting for the learner to publish them — samples
 the iteration's trajectories and sends them. It ends when the learner closes the source or dies
 (even by SIGKILL), taking its environment's workers with it.
 
@@ -28,11 +28,11 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from ..runtime.errors import UserError
-from .producer import Producer
-from .sampling import SamplingParams
+from ...runtime.errors import UserError
+from ..sample.producer import Producer
+from ..sample.sampling import SamplingParams
+from ..trajectory import TrajectoryBatch
 from .source import Request
-from .trajectory import TrajectoryBatch
 from .weight_box import BoxLayout, WeightBox
 
 

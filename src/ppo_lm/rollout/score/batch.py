@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
-from ..runtime import distributed as dist
+from ...runtime import distributed as dist
 
 WIDTH_STEP = 16
 """Trimmed response widths are rounded up to a multiple of this (within the block): a few distinct
@@ -103,7 +103,7 @@ class RolloutBatch:
     response_mask: (B, T) bool, valid response tokens (the stop token included); in a multi-turn
         episode every token after the first prompt, the observations between turns included.
     action_mask: (B, T) bool, the tokens the policy sampled — a multi-turn episode's turns, with holes
-        at its observation tokens (:mod:`ppo_lm.rollout.producer`); None for single-turn (= response_mask).
+        at its observation tokens (:mod:`ppo_lm.rollout.sample.producer`); None for single-turn (= response_mask).
         Losses, the KL, entropy, values and advantages are over :attr:`loss_mask`.
     episode_info: multi-turn only, (B,) tensors by name: ``turns``, ``observation_tokens``,
         ``context_truncated`` (an observation did not fit ``rollout.max_episode_tokens``); else None.
@@ -119,7 +119,7 @@ class RolloutBatch:
     bootstrap_values: (B,) V_old(x_{T_i+1}) (used for truncated rows), or None without a critic.
     step_rewards: (B, T) fp32 step rewards on the tokens that complete their steps (0 elsewhere), and
         step_counts: (B,) int64 steps per response; None when the reward returned numbers only
-        (:mod:`ppo_lm.rollout.steps`).
+        (:mod:`ppo_lm.rollout.score.step_rewards`).
     gold_scores: (B,) monitoring-only verifier scores (``model.gold_reward``), or None.
     score_terms: with several rewards, each one's (B,) scores by name (``scores`` is their weighted
         sum); None with one.

@@ -1,11 +1,11 @@
 """Where a user's environment runs (docs/environments.md, "Where the environment runs"): instances
-in worker processes (:mod:`ppo_lm.rollout.env_worker`), each call timed by this side and its worker
+in worker processes (:mod:`ppo_lm.rollout.envs.env_worker`), each call timed by this side and its worker
 killed at ``rollout.env_timeout_s`` — code blocked in C included, from any thread, with tool calls'
 own limits nested inside (a step's limit bounds its tool calls together). The episodes of a batch are
 spread over the workers, so their environments step in parallel.
 
 A call past its limit, an environment that raises or returns the wrong types, a worker that dies:
-one :class:`~ppo_lm.rollout.environment.EnvError` line; the pool then stops every worker (the run is
+one :class:`~ppo_lm.rollout.envs.environment.EnvError` line; the pool then stops every worker (the run is
 over) and starts fresh ones if it is used again.
 """
 
@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from ..runtime import child
+from ...runtime import child
 from .environment import EnvError
 
 LOAD_TIMEOUT_S = 120.0
@@ -50,7 +50,7 @@ def _stop(workers: list[child.Child]) -> None:
 
 class EnvPool:
     """The instances of one environment class in ``workers`` processes. ``spec``: what
-    :func:`~ppo_lm.rollout.environment.load_env` reads (``'path/env.py:Class'``, ``'module:Class'``,
+    :func:`~ppo_lm.rollout.envs.environment.load_env` reads (``'path/env.py:Class'``, ``'module:Class'``,
     ``'builtin:…'``); ``timeout_s``: each call's limit (constructor, reset, step). Workers start on first
     use; :meth:`close` (or the pool's collection, or the interpreter's exit) stops them. One caller at
     a time (a lock keeps it so)."""
@@ -117,7 +117,7 @@ class EnvPool:
         if self._workers:
             return
         for _ in range(self.size):
-            self._workers.append(child.start("ppo_lm.rollout.env_worker"))
+            self._workers.append(child.start("ppo_lm.rollout.envs.env_worker"))
         paths = [p for p in sys.path if p]
         self._call([(w, ("load", self.spec, paths)) for w in range(self.size)], "module import",
                    limit=(max(LOAD_TIMEOUT_S, self.timeout_s), "starting a worker"))

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..models import lean, lean_support
-from ..models.decode import DecodePlan
-from ..models.hf_compat import cache_kwarg, new_cache, trunk
-from ..models.logprobs import gather_logprobs, position_ids_from_mask
+from ...models import lean, lean_support
+from ...models.decode import DecodePlan
+from ...models.hf_compat import cache_kwarg, new_cache, trunk
+from ...models.logprobs import gather_logprobs, position_ids_from_mask
 
 
 @dataclass

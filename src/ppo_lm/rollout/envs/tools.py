@@ -22,8 +22,8 @@ import signal
 import sys
 import time
 
-from ..runtime.lifetime import die_with_parent
-from ..runtime.user_code import one_line
+from ...runtime.lifetime import die_with_parent
+from ...runtime.user_code import one_line
 from .environment import EnvError
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)

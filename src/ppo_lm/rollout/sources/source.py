@@ -15,9 +15,9 @@ from typing import Protocol
 
 import torch
 
-from .producer import Producer
-from .sampling import SamplingParams
-from .trajectory import TrajectoryBatch
+from ..sample.producer import Producer
+from ..sample.sampling import SamplingParams
+from ..trajectory import TrajectoryBatch
 
 
 @dataclass(frozen=True)

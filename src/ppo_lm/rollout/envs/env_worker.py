@@ -1,5 +1,5 @@
 """The process an environment's instances live in (docs/environments.md, "Where the environment
-runs"): started by :class:`~ppo_lm.rollout.env_pool.EnvPool` through :mod:`ppo_lm.runtime.child`,
+runs"): started by :class:`~ppo_lm.rollout.envs.env_pool.EnvPool` through :mod:`ppo_lm.runtime.child`,
 which also ends it with the trainer. It loads the environment class once,
 then answers one request at a time — construct, reset, step, drop — so the pool can time each call
 and kill this process (and its process group: tool calls, anything the environment started) at the
@@ -99,7 +99,7 @@ workers of its own, and so on)."""
 
 def child_main(conn: Connection, groups: int) -> None:
     """The worker (started by :func:`ppo_lm.runtime.child.start`): ``groups`` tells its watchdog of tool
-    calls' process groups (:data:`ppo_lm.rollout.tools.GROUPS`)."""
+    calls' process groups (:data:`ppo_lm.rollout.envs.tools.GROUPS`)."""
     global SERVING
     SERVING = True
     tools.GROUPS = groups
