@@ -161,3 +161,26 @@ def test_a_run_with_a_file_backed_box_trains_and_leaves_the_folder_empty(tmp_pat
                          verifier=count_sevens).train()
     assert len(history) == 3 and history[-1]["staleness_max"] == 1
     assert not list(box.iterdir())
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_the_staleness_rule_against_its_definition(k):
+    """Staleness answers what the schedule of docs/async.md defines, from a fresh start and a resumed one:
+    s(j) = max(floor, j − 1 − k); a version is written while some iteration up to the last samples with it;
+    after publishing v a checkpoint holds v + 1 … v + k (not past the last), and the iteration after them
+    samples with v."""
+    from ppo_lm.rollout.sources.staleness import Staleness
+
+    for floor in (0, 3):
+        lag = Staleness(k, floor, last=12)
+        for j in range(floor + 1, 13):
+            assert lag.version_for(j) == max(floor, j - 1 - k)
+            assert j - 1 - lag.version_for(j) <= k  # never more than k updates behind
+        used = {lag.version_for(j) for j in range(floor + 1, 13)}
+        assert [v for v in range(floor, 13) if lag.needed(v)] == sorted(used)
+        for v in range(floor, 12):
+            held = list(lag.ahead(v))
+            assert held == list(range(v + 1, min(v + k, 12) + 1))
+            assert all(lag.version_for(j) <= v for j in held)
+            assert lag.version_for(held[-1] + 1) <= v  # the resumed producer starts with what it holds
+            assert held[-1] == 12 or lag.version_for(held[-1] + 2) == v + 1  # holding fewer would not do

@@ -35,6 +35,7 @@ from ..sample.sampling import SamplingParams
 from ..trajectory import TrajectoryBatch
 from .producer_process import ProducerSpec
 from .source import Request
+from .staleness import Staleness
 from .weight_box import WeightBox
 
 
@@ -85,20 +86,20 @@ class AsyncSource:
             return
         self._ready = {b.iteration: b for b in pending}
         self._timing: dict[int, dict[str, float]] = {}
-        self._published = self._floor = at
+        self._published = at
         self._took, self._error, self._finished = at - 1, None, False
         first = max([at, *self._ready]) + 1
         # the first version the producer copies out of the box: a checkpoint holding k + 1 batches ahead
         # (the last sampled with version `at`) starts it at version at + 1, so `at` is never taken
-        self._first_need = max(at, first - 1 - self.k)
+        self.lag = Staleness(self.k, at, self.last)
+        self._first_need = self.lag.version_for(first)
         trainable = [(n, p) for n, p in self.learner_lm.named_parameters() if p.requires_grad]
         self._params = [p for _, p in trainable]
         self._box = WeightBox.create(trainable, self.box_dir)  # nameless: nothing to leave behind
         self.layout = self._box.layout
         try:
-            spec = ProducerSpec(self.producer, self.plan, self.samples, self.sampling, self.k, at, first, self.last,
-                                self.seed_for, self.device, self.threads, self._box.fd, self._box.layout,
-                                self.stall_timeout_s)
+            spec = ProducerSpec(self.producer, self.plan, self.samples, self.sampling, self.lag, first, self.seed_for,
+                                self.device, self.threads, self._box.fd, self._box.layout, self.stall_timeout_s)
             blob = pickle.dumps(spec)
             self._spawn(self._box.fd)
         finally:
@@ -125,7 +126,7 @@ class AsyncSource:
         if self._proc is None:
             return
         self._published = version
-        if version > max(self._floor, self.last - 1 - self.k):
+        if not self.lag.needed(version):
             return
         if version - 1 >= self._first_need:  # the producer copies version − 1 out before it is overwritten
             self._wait(lambda: self._took >= version - 1, f"the producer to copy the weights of version {version - 1}")
@@ -140,7 +141,7 @@ class AsyncSource:
         than the last published (waited for: what a checkpoint must keep to resume exactly)."""
         if self._proc is None:
             return []
-        ahead = range(self._published + 1, min(self._published + self.k, self.last) + 1)
+        ahead = self.lag.ahead(self._published)
         what = (f"the batch of iteration {ahead.start}" if len(ahead) == 1
                 else f"the batches of iterations {ahead.start}–{ahead.stop - 1}")
         self._wait(lambda: all(j in self._ready for j in ahead), what)

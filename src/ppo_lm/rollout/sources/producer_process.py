@@ -33,6 +33,7 @@ from ..sample.producer import Producer
 from ..sample.sampling import SamplingParams
 from ..trajectory import TrajectoryBatch
 from .source import Request
+from .staleness import Staleness
 from .weight_box import BoxLayout, WeightBox
 
 
@@ -42,18 +43,16 @@ class ProducerWaitedTooLong(UserError):
 
 @dataclass
 class ProducerSpec:
-    """What the producer's process samples: iterations ``first`` … ``last`` of ``plan``, iteration j with
-    the weights of version max(``floor``, j − 1 − ``k``), its generator seeded by ``seed_for(j)`` on
+    """What the producer's process samples: iterations ``first`` … ``lag.last`` of ``plan``, iteration j
+    with the weights of version ``lag.version_for(j)``, its generator seeded by ``seed_for(j)`` on
     ``device``; ``threads``: torch's CPU threads there."""
 
     producer: Producer
     plan: Callable[[int], Request]
     samples: int
     sampling: SamplingParams
-    k: int
-    floor: int
+    lag: Staleness
     first: int
-    last: int
     seed_for: Callable[[int], int]
     device: str
     threads: int
@@ -73,9 +72,9 @@ def run(spec: ProducerSpec, conn: Connection) -> None:
     params = dict(lm.named_parameters())
     targets = [params[n] for n in spec.layout.names]
     conn.send(("ready",))
-    in_box, held = spec.floor, None  # the version the learner last wrote; the one the model holds
-    for j in range(spec.first, spec.last + 1):
-        need = max(spec.floor, j - 1 - spec.k)
+    in_box, held = spec.lag.floor, None  # the version the learner last wrote; the one the model holds
+    for j in range(spec.first, spec.lag.last + 1):
+        need = spec.lag.version_for(j)
         t0 = time.perf_counter()
         if held != need:
             while in_box < need:
