@@ -19,8 +19,8 @@ import pytest
 import torch
 from trainer_helpers import count_sevens, tiny_config
 
-from ppo_lm.records.checkpoint import list_checkpoints
 from ppo_lm.runtime.errors import ConfigError
+from ppo_lm.trainer.checkpoint.folders import list_checkpoints
 from ppo_lm.trainer.ppo import PPOTrainer
 
 KW = dict(rollout__max_staleness=2, algo__off_policy_correction="tis", rollout__num_prompts=8,

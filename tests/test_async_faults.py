@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from test_fault_injection import ENV, _metrics, _newest, _rows
 
-from ppo_lm.records.checkpoint import list_checkpoints, verify
+from ppo_lm.trainer.checkpoint.folders import list_checkpoints, verify
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from trainer_helpers import count_sevens, tiny_config
 
-from ppo_lm.records.checkpoint import list_checkpoints
+from ppo_lm.trainer.checkpoint.folders import list_checkpoints
 from ppo_lm.trainer.ppo import PPOTrainer
 
 ITERATIONS = 7

@@ -13,8 +13,8 @@ import torch
 from trainer_helpers import count_sevens, tiny_config
 
 from ppo_lm.cli.main import main
-from ppo_lm.records import checkpoint as ckpt
-from ppo_lm.records.checkpoint import MANIFEST, list_checkpoints, prune, verify, write_manifest
+from ppo_lm.trainer.checkpoint import folders as ckpt
+from ppo_lm.trainer.checkpoint.folders import MANIFEST, list_checkpoints, prune, verify, write_manifest
 from ppo_lm.trainer.ppo import PPOTrainer
 
 TINY = ["--model.builtin-hidden-size", "32", "--rollout.num-prompts", "8", "--rollout.max-new-tokens", "4",

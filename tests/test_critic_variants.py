@@ -15,10 +15,10 @@ from ppo_lm.config.validate import validate_config
 from ppo_lm.models import lora
 from ppo_lm.models.actor_critic import _hidden
 from ppo_lm.models.hf_compat import scalar_head, trunk
-from ppo_lm.records.checkpoint import latest_checkpoint
 from ppo_lm.records.console import banner
 from ppo_lm.records.metrics_log import is_timing_key
 from ppo_lm.runtime.errors import ConfigError
+from ppo_lm.trainer.checkpoint.folders import latest_checkpoint
 from ppo_lm.trainer.ppo import PPOTrainer
 
 VARIANTS = {"lora": dict(model__critic_lora_r=4), "frozen": dict(model__critic="frozen")}
@@ -158,10 +158,13 @@ def test_auto_gives_a_small_policy_a_value_head_that_trains_alone(tmp_path):
     trunk_before = {n: p.detach().clone() for n, p in tr.policy.lm.named_parameters()}
     tr.learner.zero_grad()
     batch = tr.rollout(1)
-    from ppo_lm.trainer.update import ppo_update  # the value loss alone: the policy's trunk gets no gradient
+    from ppo_lm.trainer.update import (  # the value loss alone: the policy's trunk gets no gradient
+        UpdateBatch,
+        ppo_update,
+    )
 
     tr.cfg.optim.epochs = 1
-    ppo_update(tr.learner, batch.with_targets(torch.zeros_like(batch.logp_old), torch.ones_like(batch.logp_old), None),
+    ppo_update(tr.learner, UpdateBatch.of(batch, torch.zeros_like(batch.logp_old), torch.ones_like(batch.logp_old), None),
                tr.cfg, tr.shuffle_gen, train_policy=False)
     assert all(torch.equal(p, trunk_before[n]) for n, p in tr.policy.lm.named_parameters())
     assert tr.policy.value_head.bias.abs().item() > 0  # the head moved toward the returns of 1

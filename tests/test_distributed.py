@@ -14,7 +14,7 @@ import pytest
 import torch
 from dist_worker import build, fixed_rollout, save_reward_model, weights
 
-from ppo_lm.records.checkpoint import latest_checkpoint
+from ppo_lm.trainer.checkpoint.folders import latest_checkpoint
 
 HERE = Path(__file__).parent
 

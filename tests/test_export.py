@@ -8,7 +8,7 @@ import torch
 from trainer_helpers import length_reward, tiny_config
 
 from ppo_lm.cli.main import main
-from ppo_lm.records.checkpoint import list_checkpoints
+from ppo_lm.trainer.checkpoint.folders import list_checkpoints
 from ppo_lm.trainer.ppo import PPOTrainer
 
 

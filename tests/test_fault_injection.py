@@ -8,7 +8,7 @@ previous checkpoint.
 Kills in the rollout or the update are timed: once checkpoint N appears, iteration N+1 is running,
 and the process's own timings of iteration N (in metrics.jsonl) say how long its rollout and update
 take. Kills inside a save use the trainer's test hook ``PPO_LM_TEST_KILL_AT=ITERATION:POINT``
-(``ppo_lm.records.checkpoint.kill_point``). ``PPO_LM_FAULT_SEED`` picks another random plan.
+(``ppo_lm.trainer.checkpoint.folders.kill_point``). ``PPO_LM_FAULT_SEED`` picks another random plan.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from ppo_lm.records.checkpoint import checkpoint_dir, list_checkpoints, verify
 from ppo_lm.records.metrics_log import is_timing_key
+from ppo_lm.trainer.checkpoint.folders import checkpoint_dir, list_checkpoints, verify
 
 pytestmark = pytest.mark.slow
 

@@ -13,10 +13,10 @@ from trainer_helpers import count_sevens, length_reward, other_weights, tiny_con
 from ppo_lm.cli.main import main
 from ppo_lm.models import lora
 from ppo_lm.models.actor_critic import AdaptersOff, PolicyModel
-from ppo_lm.records.checkpoint import latest_checkpoint
 from ppo_lm.records.metrics_log import is_timing_key
 from ppo_lm.runtime.errors import ConfigError
 from ppo_lm.tasks.equations import build_tiny_policy, build_tokenizer
+from ppo_lm.trainer.checkpoint.folders import latest_checkpoint
 from ppo_lm.trainer.ppo import PPOTrainer
 
 

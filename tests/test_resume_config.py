@@ -11,8 +11,8 @@ import yaml
 from trainer_helpers import count_sevens, tiny_config
 
 from ppo_lm.cli.main import main
-from ppo_lm.records.checkpoint import write_manifest
 from ppo_lm.runtime.errors import ConfigError
+from ppo_lm.trainer.checkpoint.folders import write_manifest
 from ppo_lm.trainer.ppo import PPOTrainer
 
 TINY = ["--model.builtin-hidden-size", "32", "--rollout.num-prompts", "8", "--rollout.max-new-tokens", "4",

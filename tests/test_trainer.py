@@ -8,8 +8,8 @@ import pytest
 import torch
 from trainer_helpers import count_sevens, tiny_config
 
-from ppo_lm.records.checkpoint import latest_checkpoint, write_manifest
 from ppo_lm.records.metrics_log import is_timing_key
+from ppo_lm.trainer.checkpoint.folders import latest_checkpoint, write_manifest
 from ppo_lm.trainer.ppo import PPOTrainer
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..config.train import TrainConfig
 from ..runtime.errors import UserError
-from ..trainer.schedule import builtin_held_out_seed
+from ..trainer.seeds import builtin_held_out_seed
 
 LAYOUTS = ("natural", "common")
 
@@ -140,7 +140,7 @@ def models_held(run: TrainConfig, critic: str | None = None) -> list[str]:
 def critic_of(run: TrainConfig) -> str | None:
     """The kind an ``auto`` ``model.critic`` resolved to in a finished run, read from its last checkpoint
     (a shared critic saves value_head.safetensors, a separate one critic/); None where the run named it."""
-    from ..records.checkpoint import latest_checkpoint
+    from ..trainer.checkpoint.folders import latest_checkpoint
 
     if run.model.critic != "auto":
         return None

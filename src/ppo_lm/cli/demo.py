@@ -21,7 +21,7 @@ from ..config.sizing import builtin_max_new_tokens
 from ..config.train import TrainConfig
 from ..presets import preset
 from ..tasks.equations import BUILTIN_HEADS
-from ..trainer.schedule import builtin_held_out_seed
+from ..trainer.seeds import builtin_held_out_seed
 
 
 def demo_ppo() -> TrainConfig:

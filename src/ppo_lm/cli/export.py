@@ -9,9 +9,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..records.checkpoint import list_checkpoints, verify
 from ..runtime.errors import ArgumentParser, UserError
 from ..runtime.files import prepare_output_dir
+from ..trainer.checkpoint.folders import list_checkpoints, verify
 
 
 class ExportError(UserError):
@@ -85,7 +85,7 @@ def merge_adapters(run_dir: Path, source: Path, out: Path) -> None:
     from ..models.hf_compat import load_tokenizer
     from ..runtime.errors import ConfigError
     from ..trainer import builders
-    from ..trainer.state import read_trainer_state
+    from ..trainer.checkpoint.state import read_trainer_state
 
     try:
         cfg = load_yaml(run_dir / "config.yaml", TrainConfig)

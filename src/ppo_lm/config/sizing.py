@@ -47,7 +47,8 @@ class SizeProfile:
     """Whether a response cut by the limit bootstraps from V (``algo.bootstrap_truncated``). A pretrained
     model's early responses run into the limit and the reward scores them as they stand; there a
     bootstrapped critic chased its own value on SmolLM2 (docs/critic.md "Truncated responses"), while on
-    the built-in task, with under 1 % cut, the bootstrap measured better (the same section)."""
+    the built-in task, where the limit cuts almost no response, the bootstrap measured better (the same
+    section)."""
     critic: str = "shared"
     """``model.critic``: a value head on the policy's features (``shared``, with the default
     ``value_grad_scale`` 0) learned per sampled token about as a separate critic did on the built-in task
@@ -140,9 +141,9 @@ ACTIVATION_SHARE = 1 / 3
 """With ``optim.micro_batch_size`` auto, a LoRA run of a large model keeps the estimated activations of
 one micro-batch within this share of the memory its models and their training state take
 (:func:`state_bytes`). LoRA's state is mostly the frozen weights, and there a whole minibatch's
-activations set the peak (W3: 0.44× TRL's RSS with whole 8-row minibatches, 0.35× with 4;
-docs/benchmarks.md "Defaults behind measurements"). Full fine-tuning's peak is its state (weights,
-gradients, AdamW's moments: W3's activations are 0.7 of its 6.3 GB), so it keeps whole minibatches."""
+activations set the peak (docs/benchmarks.md "Defaults behind measurements" has W3's figures). Full
+fine-tuning's peak is its state (weights, gradients, AdamW's moments, which outweigh W3's activations),
+so it keeps whole minibatches."""
 
 SAVED_HIDDEN_PER_LAYER = 9
 SAVED_INTERMEDIATE_PER_LAYER = 3

@@ -428,7 +428,7 @@ class TrainConfig:
     """Total iterations; with --resume, training continues up to this number."""
     seed: int = setting(0, ge=-(2**52), le=2**52)
     """Seeds the built-in model and prompts, the prompt order, torch's RNG, and the sampling and
-    minibatch-shuffling generators (offset per process; trainer/schedule.py). |seed| ≤ 2⁵², so every
+    minibatch-shuffling generators (offset per process; trainer/seeds.py). |seed| ≤ 2⁵², so every
     seed derived from it fits torch's generators."""
     resume: bool = setting(False, resume=True)
     """Continue from the newest intact checkpoint in output_dir, with the run's own settings (read from

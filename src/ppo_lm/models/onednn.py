@@ -30,9 +30,9 @@ _ONEDNN = _mkldnn_op("_linear_pointwise")
 _ONEDNN_MIN_ROWS = 32
 
 
-# The weight gradient gᵀ x through oneDNN where both widths lie in [MIN, MAX]: 1.35–2.3× MKL's sgemm
-# at the lean forward's shapes (256–1536 wide, 292–3072 tokens), but slower at the built-in model's 64
-# (docs/benchmarks.md), whose runs keep the default BLAS and with it their numbers. Above MAX (a
+# The weight gradient gᵀ x through oneDNN where both widths lie in [MIN, MAX]: faster than MKL's sgemm
+# at the lean forward's shapes, slower at the built-in model's 64 wide (docs/benchmarks.md has the
+# figures and their hosts), whose runs keep the default BLAS and with it their numbers. Above MAX (a
 # vocabulary-wide head) the transposed copy of the gradient oneDNN needs would add to peak memory.
 _ONEDNN_MIN_GRAD_WIDTH = 128
 _ONEDNN_MAX_GRAD_WIDTH = 16384

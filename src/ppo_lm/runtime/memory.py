@@ -19,8 +19,8 @@ _TRIM = _malloc_trim() if sys.platform.startswith("linux") else None
 RELEASE_MIN_BYTES = 256 * 2**20
 """Parameters (trained and frozen) of the policy and the critic above which the trainer gives freed
 memory back before each update. Below it the models' whole working set is small, the update re-faults
-the pages a trim gave back, and that cost W1 ≈ 7 % of its iteration for 1–2 % of peak RSS
-(docs/benchmarks.md)."""
+the pages a trim gave back, and that cost the tiny models more time than the memory it saved
+(docs/benchmarks.md has the figures and their host)."""
 
 
 def release_pays(*models) -> bool:

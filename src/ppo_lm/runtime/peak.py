@@ -1,7 +1,7 @@
 """The host's fp32 matmul peak: what a speed figure has to be read against.
 
-The same code runs at very different speeds on CPUs that report the same model name (one 2-core "AMD
-EPYC" ran oneDNN's fp32 kernels at 456–472 GFLOP/s, another at 217; docs/benchmarks.md "Hosts"), so a
+The same code runs at very different speeds on CPUs that report the same model name (two 2-core "AMD
+EPYC" hosts differed by over 2× in oneDNN's fp32 kernels; docs/benchmarks.md "Hosts"), so a
 throughput or a ratio to another library only means something beside the matmul speed of the host it
 was measured on. This measures it two ways, because the package's matmuls take both: through oneDNN
 (``torch.ops.mkldnn._linear_pointwise``, the path of ``models/onednn.py``) and through the BLAS behind

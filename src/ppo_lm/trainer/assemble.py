@@ -32,12 +32,12 @@ from ..rollout.score.scoring import RolloutModels, ScoringSettings
 from ..rollout.sources.async_source import AsyncSource
 from ..rollout.sources.source import SyncSource
 from ..runtime import distributed as dist
-from . import adapters, builders, inputs, schedule
+from . import adapters, builders, inputs, seeds
+from .checkpoint.state import RngStreams, RunState, TrainState
 from .evaluation import HeldOut
 from .learner import Learner, build_learner
 from .plan import Plan
 from .preflight import Preflight
-from .state import RngStreams, RunState, TrainState
 
 
 @dataclass
@@ -202,8 +202,8 @@ def build_training(cfg: TrainConfig, models: Models, device: torch.device) -> Tr
     kl_ctl = (AdaptiveKLController(a.kl_coef, a.adaptive_kl_target, a.adaptive_kl_horizon)
               if a.adaptive_kl_target is not None else FixedKLController(a.kl_coef))
     learner = build_learner(cfg, models.policy, models.critic, device)
-    sample_gen = torch.Generator(device=device).manual_seed(schedule.sampling_seed(cfg.seed, rank))
-    shuffle_gen = torch.Generator().manual_seed(schedule.shuffle_seed(cfg.seed, rank))
+    sample_gen = torch.Generator(device=device).manual_seed(seeds.sampling_seed(cfg.seed, rank))
+    shuffle_gen = torch.Generator().manual_seed(seeds.shuffle_seed(cfg.seed, rank))
     state = TrainState()
     run_state = RunState(learner, models.tokenizer, kl_ctl, RngStreams(sample_gen, shuffle_gen), state)
     return Training(learner, kl_ctl, sample_gen, shuffle_gen, state, run_state)
@@ -241,7 +241,7 @@ def build_source(cfg: TrainConfig, models: Models, sampler: Sampler, training: T
                         **(episodes._asdict() if episodes is not None else {}))
     return AsyncSource(producer, plan, samples=r.samples_per_prompt, sampling=sampler.sampling,
                        max_staleness=r.max_staleness, learner_lm=models.policy.lm, last=cfg.iterations,
-                       seed_for=functools.partial(schedule.producer_sampling_seed, cfg.seed, dist.rank()),
+                       seed_for=functools.partial(seeds.producer_sampling_seed, cfg.seed, dist.rank()),
                        device=device, threads=producer_threads(cfg), stall_timeout_s=r.stall_timeout_s,
                        checkpoints=str(Path(cfg.output_dir).resolve()), box_dir=r.weight_box_dir)
 

@@ -16,7 +16,7 @@ from ..rollout.sample.sampling import SamplingParams
 from ..rollout.score.reward import RewardTerm, Verifier, combine_terms, score_with_verifier
 from ..runtime import distributed as dist
 from ..runtime.timing import Timer
-from . import schedule
+from . import seeds
 
 
 @dataclass(frozen=True)
@@ -51,15 +51,15 @@ def held_out_metrics(h: HeldOut, iteration: int) -> dict[str, float]:
     held-out rows, global over ranks: each rank takes a share of the rows; the sampling generator is a
     fixed function of the seed and the iteration, so evaluating never moves the training's random
     streams, and held-out episodes have seeds of their own, one per row (its k samples share it), the
-    same at every evaluation and on any number of ranks (trainer/schedule.py)."""
+    same at every evaluation and on any number of ranks (trainer/seeds.py)."""
     k, timer = h.samples, Timer()
     params = dataclasses.replace(h.sampling, temperature=0.0) if k == 1 else h.sampling
-    gen = torch.Generator(device=h.device).manual_seed(schedule.held_out_sampling_seed(h.seed, iteration, h.rank))
+    gen = torch.Generator(device=h.device).manual_seed(seeds.held_out_sampling_seed(h.seed, iteration, h.rank))
     rows = h.rows[h.rank :: h.world]
     out = {"eval_score": 0.0, "eval_pass_at_k": 0.0}
     if rows and h.producer.environment:  # held-out episodes: their mean return
-        seeds = schedule.held_out_seeds(h.seed, len(h.rows), rank=h.rank, world=h.world)
-        out = evaluate_episodes(h.producer, rows, seeds, params, samples=k, pass_score=h.pass_score, generator=gen)
+        episode_seeds = seeds.held_out_seeds(h.seed, len(h.rows), rank=h.rank, world=h.world)
+        out = evaluate_episodes(h.producer, rows, episode_seeds, params, samples=k, pass_score=h.pass_score, generator=gen)
     elif rows:
         out = evaluate(h.producer, rows, h.verifier_scores, params, samples=k, pass_score=h.pass_score,
                        generator=gen)

@@ -13,7 +13,7 @@ from torch import nn
 from ..config.train import DataConfig, TrainConfig
 from ..data import prompts
 from ..runtime.errors import ConfigError
-from . import schedule
+from . import seeds
 from .builders import ensure_pad_token, generation_stop_ids, single_token_id
 
 if TYPE_CHECKING:  # imported where used: the environment's pool only with `rollout.env`
@@ -32,7 +32,7 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False, env:
         if cfg.prompt_column != "prompt":
             raise ConfigError(f"`data.prompt_column`={cfg.prompt_column!r}: the built-in prompts' column is "
                               f"'prompt' (set `{field}` to your file to use another column)")
-        rows = (make_prompts(cfg.builtin_eval_prompts, seed=schedule.builtin_held_out_seed(seed), split="heldout",
+        rows = (make_prompts(cfg.builtin_eval_prompts, seed=seeds.builtin_held_out_seed(seed), split="heldout",
                              unique=True) if held_out
                 else make_prompts(cfg.builtin_num_prompts, seed=seed, split="train"))
     else:

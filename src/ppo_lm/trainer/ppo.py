@@ -37,12 +37,12 @@ from ..runtime.files import OutputDirLock
 from ..runtime.timing import Timer
 from . import credit
 from .assemble import assemble
+from .checkpoint.state import load_checkpoint, save_checkpoint
 from .correction import off_policy_correction, staleness_metrics
 from .diagnostics import episode_returns, rollout_metrics, throughput
 from .evaluation import held_out_metrics
 from .preflight import preflight
-from .state import load_checkpoint, save_checkpoint
-from .update import count_nonfinite, ppo_update
+from .update import UpdateBatch, count_nonfinite, ppo_update
 
 
 @dataclass
@@ -169,7 +169,7 @@ class PPOTrainer:
 
             # 4. K epochs of minibatch updates on the fixed rollout.
             with timer("update_s"):
-                upd = ppo_update(self.learner, batch.with_targets(advantages, returns, is_weights), cfg, self.shuffle_gen,
+                upd = ppo_update(self.learner, UpdateBatch.of(batch, advantages, returns, is_weights), cfg, self.shuffle_gen,
                                  train_policy=iteration > cfg.optim.critic_warmup_iterations,
                                  kl_coef=beta if a.kl_in == "loss" else 0.0,
                                  nonfinite_in_row=self.state.nonfinite_in_row)

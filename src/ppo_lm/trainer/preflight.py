@@ -21,7 +21,6 @@ from ..config.unused import Facts, check_unused
 from ..config.validate import effective_algo, validate_config
 from ..data.prompts import is_conversation
 from ..models.loading import check_model_dir, check_tokenizer_dir
-from ..records.checkpoint import MANIFEST, list_checkpoints, verify
 from ..records.trackers import check_trackers
 from ..rollout.envs import env_worker
 from ..rollout.envs.env_pool import check_env
@@ -30,7 +29,8 @@ from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError
 from ..runtime.files import OutputDirLock, prepare_output_dir
 from . import builders, inputs
-from .state import DamagedCheckpointError
+from .checkpoint.folders import MANIFEST, list_checkpoints, verify
+from .checkpoint.state import DamagedCheckpointError
 
 
 @dataclass

@@ -12,6 +12,7 @@ gradients meet across ranks (DDP/FSDP) sit behind
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -22,7 +23,7 @@ from ..config.train import OptimConfig, TrainConfig
 from ..models import sharding
 from ..models.actor_critic import packs_sequences
 from ..models.hf_compat import checkpointing_on
-from ..rollout.score.batch import UpdateBatch, agreed_length_groups
+from ..rollout.score.batch import RolloutBatch, agreed_length_groups, select_rows
 from ..runtime import distributed as dist
 from ..runtime.errors import UserError
 from ..runtime.memory import release_free_memory
@@ -48,8 +49,52 @@ class NonFiniteLossError(UserError, RuntimeError):
     """Too many consecutive updates had a non-finite loss or gradient."""
 
 
+@dataclass(frozen=True)
+class UpdateBatch:
+    """The update's data (docs/algorithm.md §1.4): a rollout's sequences and stored log-probs and values, with
+    the advantages Â and critic targets R̂ of steps 2–3. Shapes as :class:`RolloutBatch`;
+    advantages (B, T); values_old, returns (B, T), or None without a critic; action_mask (B, T) or None
+    (single-turn), as in :class:`RolloutBatch`; is_weights (B, T) an off-policy correction's weights on
+    the policy loss (``algo.off_policy_correction``), or None."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    prompt_width: int
+    response_mask: Tensor
+    logp_old: Tensor
+    logp_ref: Tensor
+    advantages: Tensor
+    values_old: Tensor | None = None
+    returns: Tensor | None = None
+    action_mask: Tensor | None = None
+    is_weights: Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def loss_mask(self) -> Tensor:
+        return self.response_mask if self.action_mask is None else self.action_mask
+
+    @classmethod
+    def of(cls, rollout: RolloutBatch, advantages: Tensor, returns: Tensor | None, is_weights: Tensor | None = None
+           ) -> UpdateBatch:
+        """What step 4 trains on: ``rollout`` with the advantages and returns of steps 2–3 (and an
+        off-policy correction's weights, if any)."""
+        return cls(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask, prompt_width=rollout.prompt_width,
+                   response_mask=rollout.response_mask, logp_old=rollout.logp_old, logp_ref=rollout.logp_ref,
+                   advantages=advantages, values_old=rollout.values_old, returns=returns,
+                   action_mask=rollout.action_mask, is_weights=is_weights)
+
+    def select(self, idx: Tensor, *, trim: bool = True) -> UpdateBatch:
+        """Rows ``idx`` (see :func:`~ppo_lm.rollout.score.batch.select_rows`)."""
+        return select_rows(self, idx, trim)
+
+
+
 def count_nonfinite(upd: UpdateResult, state, limit: int, iteration: int) -> None:
-    """Skipped minibatch steps into the run's ``state`` (a :class:`~ppo_lm.trainer.state.TrainState`);
+    """Skipped minibatch steps into the run's ``state`` (a :class:`~ppo_lm.trainer.checkpoint.state.TrainState`);
     ``limit`` (``optim.max_nonfinite_in_row``) in a row stop the run."""
     state.nonfinite_in_row = upd.nonfinite_in_row
     state.nonfinite_total += upd.skipped

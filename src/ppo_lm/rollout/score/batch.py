@@ -73,7 +73,7 @@ def agreed_length_groups(lengths: Tensor, size: int = 0, *, prompt_width: int = 
     return groups
 
 
-def _select(batch, idx: Tensor, trim: bool):
+def select_rows(batch, idx: Tensor, trim: bool):
     """Rows ``idx`` of a batch dataclass; with ``trim`` the response block is cut to the longest
     selected response (rounded up by :func:`trimmed_width`), so a forward never pays for padding
     beyond it."""
@@ -166,49 +166,5 @@ class RolloutBatch:
         return self.response_mask if self.action_mask is None else self.action_mask
 
     def select(self, idx: Tensor, *, trim: bool = True) -> RolloutBatch:
-        """Rows ``idx`` (see :func:`_select`)."""
-        return _select(self, idx, trim)
-
-    def with_targets(self, advantages: Tensor, returns: Tensor | None, is_weights: Tensor | None = None
-                     ) -> UpdateBatch:
-        """What step 4 trains on: this rollout with the advantages and returns of steps 2–3 (and an
-        off-policy correction's weights, if any)."""
-        return UpdateBatch(
-            input_ids=self.input_ids, attention_mask=self.attention_mask, prompt_width=self.prompt_width,
-            response_mask=self.response_mask, logp_old=self.logp_old, logp_ref=self.logp_ref,
-            advantages=advantages, values_old=self.values_old, returns=returns, action_mask=self.action_mask,
-            is_weights=is_weights,
-        )
-
-
-@dataclass(frozen=True)
-class UpdateBatch:
-    """The update's data (docs/algorithm.md §1.4): a rollout's sequences and stored log-probs and values, with
-    the advantages Â and critic targets R̂ of steps 2–3. Shapes as :class:`RolloutBatch`;
-    advantages (B, T); values_old, returns (B, T), or None without a critic; action_mask (B, T) or None
-    (single-turn), as in :class:`RolloutBatch`; is_weights (B, T) an off-policy correction's weights on
-    the policy loss (``algo.off_policy_correction``), or None."""
-
-    input_ids: Tensor
-    attention_mask: Tensor
-    prompt_width: int
-    response_mask: Tensor
-    logp_old: Tensor
-    logp_ref: Tensor
-    advantages: Tensor
-    values_old: Tensor | None = None
-    returns: Tensor | None = None
-    action_mask: Tensor | None = None
-    is_weights: Tensor | None = None
-
-    @property
-    def size(self) -> int:
-        return self.input_ids.shape[0]
-
-    @property
-    def loss_mask(self) -> Tensor:
-        return self.response_mask if self.action_mask is None else self.action_mask
-
-    def select(self, idx: Tensor, *, trim: bool = True) -> UpdateBatch:
-        """Rows ``idx`` (see :func:`_select`)."""
-        return _select(self, idx, trim)
+        """Rows ``idx`` (see :func:`select_rows`)."""
+        return select_rows(self, idx, trim)

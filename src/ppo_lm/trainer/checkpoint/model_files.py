@@ -5,8 +5,7 @@ what trains is written, what is frozen is fingerprinted, and reading checks both
 - A LoRA model: peft's adapter files, plus a critic's value head in ``value_head.safetensors``.
 - A critic whose body is frozen and holds no adapters (``model.critic: frozen``): its value head alone,
   in ``value_head.safetensors``. Its body is the frozen reference's (or the reward model's), which the
-  run's own ``model.policy`` rebuilds, so a checkpoint of a 135 M model holds kilobytes for it, not the
-  body's 0.5 GB.
+  run's own ``model.policy`` rebuilds, so a checkpoint holds kilobytes for it, not the body's weights.
 
 The frozen tensors' fingerprints (:func:`lora.base_fingerprint`) go into ``trainer_state.pt``, so a
 resume on other base weights is refused instead of training the saved head on features it never saw.
@@ -20,9 +19,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..models import lora
-from ..models.hf_compat import scalar_head
-from ..runtime.errors import ConfigError
+from ...models import lora
+from ...models.hf_compat import scalar_head
+from ...runtime.errors import ConfigError
 
 VALUE_HEAD = "value_head.safetensors"
 

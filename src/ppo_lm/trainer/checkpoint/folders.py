@@ -4,7 +4,7 @@ Layout of ``OUTPUT_DIR/checkpoints/iter_000012``::
 
     policy/        save_pretrained (safetensors) + tokenizer — loads with AutoModelForCausalLM
     critic/        save_pretrained of the separate critic (AutoModelForTokenClassification); with LoRA
-                   its adapters, and a frozen critic's value head alone (trainer/model_files.py)
+                   its adapters, and a frozen critic's value head alone (trainer/checkpoint/model_files.py)
     value_head.safetensors   the shared-body value head, when the critic is shared
     trainer_state.pt         optimisers, schedulers, KL controller, RNG states, iteration (tensors and
                              plain values only: read with ``torch.load(weights_only=True)``)

@@ -1,9 +1,9 @@
-"""trainer/schedule.py: which prompts each rank sees, against a naive loop and by coverage."""
+"""trainer/seeds.py: which prompts each rank sees, against a naive loop and by coverage."""
 
 import pytest
 import torch
 
-from ppo_lm.trainer.schedule import HELD_OUT, TRAIN, episode_seeds, group_seed, held_out_seeds, prompt_indices
+from ppo_lm.trainer.seeds import HELD_OUT, TRAIN, episode_seeds, group_seed, held_out_seeds, prompt_indices
 
 
 def naive(n, iteration, per_iteration, rank, world, seed, shuffle):
@@ -88,7 +88,7 @@ def test_the_seed_map_is_one_to_one():
     a random sample spread over the whole range."""
     import random
 
-    from ppo_lm.trainer.schedule import _MIX
+    from ppo_lm.trainer.seeds import _MIX
 
     assert _MIX % 2 == 1
     for seed in (0, 3):
@@ -103,7 +103,7 @@ def test_a_producers_sampling_streams_differ_across_runs_iterations_and_ranks():
     would sample its iteration j with the same stream."""
     import torch
 
-    from ppo_lm.trainer.schedule import producer_sampling_seed
+    from ppo_lm.trainer.seeds import producer_sampling_seed
 
     seeds = {producer_sampling_seed(s, r, j) for s in range(3) for r in range(4) for j in range(1, 200)}
     assert len(seeds) == 3 * 4 * 199 and all(0 <= x < 2**32 for x in seeds)

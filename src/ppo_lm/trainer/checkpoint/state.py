@@ -16,14 +16,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..algorithms import AdaptiveKLController, FixedKLController
-from ..models import lora, sharding
-from ..records import checkpoint as ckpt
-from ..rollout.trajectory import Trajectory, TrajectoryBatch
-from ..runtime import distributed as dist
-from ..runtime.errors import ConfigError, UserError
+from ...algorithms import AdaptiveKLController, FixedKLController
+from ...models import lora, sharding
+from ...rollout.trajectory import Trajectory, TrajectoryBatch
+from ...runtime import distributed as dist
+from ...runtime.errors import ConfigError, UserError
+from ..learner import Learner
+from . import folders as ckpt
 from . import model_files as files
-from .learner import Learner
 
 
 @dataclass
