@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..config.critics import SELECTABLE
 from ..runtime import peak
 from .bench_workloads import (
     SEPARATE,
@@ -316,7 +317,7 @@ def bench_command(argv: list[str]) -> dict:
                     help="rollout.producer_threads with --max-staleness (default: auto)")
     ap.add_argument("--estimator", choices=["gae", "reinforce++"], default="gae",
                     help="gae (the workloads' definition) or reinforce++: the same work without a critic")
-    ap.add_argument("--critic", choices=["separate", "shared", "frozen"], default="separate",
+    ap.add_argument("--critic", choices=list(SELECTABLE), default=SEPARATE.kind,
                     help="model.critic: a separate critic (the workloads' definition, from the reward model), a "
                          "value head on the policy, or a value head on the reward model's frozen body")
     ap.add_argument("--critic-lora-r", type=int, default=None, metavar="N",
@@ -382,10 +383,10 @@ def critic_setup(args) -> CriticSetup:
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     setup = CriticSetup(args.estimator, args.critic, args.critic_lora_r, args.critic_epochs)
-    if not setup.has_critic and (args.critic != "separate" or args.critic_lora_r or args.critic_epochs):
+    if not setup.has_critic and (args.critic != SEPARATE.kind or args.critic_lora_r or args.critic_epochs):
         raise UsageError(f"--estimator {args.estimator} has no critic; leave out --critic, --critic-lora-r and "
                          "--critic-epochs")
-    if args.critic_lora_r and args.critic != "separate":
+    if args.critic_lora_r and "model.critic_lora_r" not in setup.critic_kind.settings:
         raise UsageError(f"--critic-lora-r puts adapters on a separate critic; --critic is {args.critic}")
     return setup
 

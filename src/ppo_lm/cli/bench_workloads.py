@@ -193,6 +193,13 @@ class CriticSetup:
 
         return get_advantage_estimator(self.estimator).needs_critic
 
+    @property
+    def critic_kind(self):
+        """The registered kind (config/critics.py); its none where the estimator is critic-free."""
+        from ..config import critics
+
+        return critics.CriticKind.REGISTRY[self.kind] if self.has_critic else critics.NONE
+
     def label(self) -> str:
         """``separate``, ``frozen``, ``separate, LoRA r 16, 1 epoch``, or ``none (reinforce++)``."""
         if not self.has_critic:
@@ -222,7 +229,7 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None],
     m.policy, m.reward, m.tokenizer = paths
     if critic.has_critic:
         m.critic, m.critic_lora_r, o.critic_epochs = critic.kind, critic.lora_r, critic.epochs
-        if critic.kind != "shared":
+        if "model.critic_init" in critic.critic_kind.settings:
             m.critic_init = "reward"
     m.dtype, m.device, m.compile_kernels = "float32", device, compile_kernels
     cfg.rollout.logp_from_sampler = logp_from_sampler
@@ -264,15 +271,25 @@ def forward_flops(shape: Shape, tokens: float, attn_pairs: float, head_tokens: f
     return 2 * tokens * per_token + 4 * L * d * attn_pairs + 2 * head_tokens * d * head_out
 
 
+@dataclass(frozen=True)
+class _Rank:
+    """The two settings a kind's adapter rule reads, for a workload's own critic."""
+
+    critic_lora_r: int | None
+    lora_r: int = 0
+
+
 def critic_passes(critic: CriticSetup, epochs: int) -> tuple[int, float]:
     """(scoring forwards, update cost in forwards) of the critic's body per iteration: a separate
     critic trains its body, forward + backward = 3 forwards per epoch; one with a frozen body and
     adapters skips the body's weight gradients (2: a forward and the activation gradients, the
     adapters' own are small); a frozen critic's head alone trains (1: the forward; the head's backward
     is negligible); a shared head rides on the policy's forwards and no critic has none."""
-    if not critic.has_critic or critic.kind == "shared":
+    kind = critic.critic_kind
+    if not kind.own_body:
         return 0, 0.0
-    per_epoch = 1.0 if critic.kind == "frozen" else 2.0 if critic.lora_r else 3.0
+    rank = critic.lora_r if "model.critic_lora_r" in kind.settings else 0
+    per_epoch = 3.0 if not kind.body_frozen(_Rank(rank)) else 2.0 if rank else 1.0
     return 1, per_epoch * (critic.epochs or epochs)
 
 

@@ -139,7 +139,8 @@ def models_held(run: TrainConfig, critic: str | None = None) -> list[str]:
 
 def critic_of(run: TrainConfig) -> str | None:
     """The kind an ``auto`` ``model.critic`` resolved to in a finished run, read from its last checkpoint
-    (a shared critic saves value_head.safetensors, a separate one critic/); None where the run named it."""
+    (what each kind ``auto`` may pick saves: config/critics.py); None where the run named it."""
+    from ..config import critics
     from ..trainer.checkpoint.folders import latest_checkpoint
 
     if run.model.critic != "auto":
@@ -147,21 +148,17 @@ def critic_of(run: TrainConfig) -> str | None:
     found = latest_checkpoint(run.output_dir)
     if found is None:
         return None
-    path = found[1]
-    if (path / "value_head.safetensors").is_file():
-        return "shared"
-    return "separate" if (path / "critic").is_dir() else None
+    return next((k.name for k in (critics.AUTO_SMALL, critics.AUTO_LARGE, critics.AUTO_ENV)
+                 if (found[1] / k.checkpoint).exists()), None)
 
 
 def _critic_held(m) -> str:
     """How :func:`models_held` names a run's critic (``m``: its ModelConfig)."""
-    if m.critic == "shared":
-        return "value head"
-    if m.critic == "frozen":
-        return "critic's value head on a frozen body"
+    from ..config import critics
+
     if m.critic == "auto":  # the run's kind could not be read back
         return "critic (auto)"
-    return "critic's adapters" if m.critic_adapter_rank else "critic"
+    return critics.CriticKind.REGISTRY[m.critic].held(m)
 
 
 def build_start(out: Path, *, smoke: bool, build_policy: bool, threads: int) -> None:

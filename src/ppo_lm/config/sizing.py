@@ -10,7 +10,7 @@ larger one :data:`LARGE` (verl's actor rate, ten times it with LoRA adapters, wh
 critic at 1e-4 whose cut responses end their returns at their score, the setting under which the
 critic learned on SmolLM2-135M: docs/critic.md), and one of :data:`BILLION_PARAMETERS` or more
 :data:`BILLION` (LARGE with verl's and OpenRLHF's critic rate of 1e-5 for models of that size); a run
-with an environment (``rollout.env``) takes the separate critic at any size (:data:`ENV_CRITIC`). The
+with an environment (``rollout.env``) takes the separate critic at any size (config/critics.py). The
 run's banner prints what was resolved and why; config.yaml keeps ``"auto"``, so a file reused on
 another model resolves for that one. An ``auto`` ``optim.micro_batch_size`` is resolved once the
 prompts are read (:func:`resolve_micro_batch`): whole minibatches, except LoRA on a large model, whose
@@ -24,11 +24,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..algorithms import get_advantage_estimator
+from . import critics
 from .train import TrainConfig
 
 LARGE_MODEL_PARAMETERS = 10_000_000
 """Policies with at least this many parameters (embeddings included) take :data:`LARGE`."""
-BILLION_PARAMETERS = 1_000_000_000
+BILLION_PARAMETERS = critics.LARGE_CRITIC_PARAMETERS
 """Policies with at least this many parameters take :data:`BILLION`."""
 CRITIC_SETTINGS = ("model.critic", "optim.critic_lr", "algo.bootstrap_truncated")
 """Resolved for every run, listed in the banner only where the estimator has a critic."""
@@ -49,26 +50,13 @@ class SizeProfile:
     bootstrapped critic chased its own value on SmolLM2 (docs/critic.md "Truncated responses"), while on
     the built-in task, where the limit cuts almost no response, the bootstrap measured better (the same
     section)."""
-    critic: str = "shared"
-    """``model.critic``: a value head on the policy's features (``shared``, with the default
-    ``value_grad_scale`` 0) learned per sampled token about as a separate critic did on the built-in task
-    and on SmolLM2-135M's tasks, at about a critic-free iteration's cost, where the separate critic's
-    second model made an iteration half again as long (docs/critic.md "What a critic costs"). From 1 B
-    parameters, where nothing was measured here, the separate critic of verl and OpenRLHF stays."""
 
 
 SMALL = SizeProfile("small", actor_lr=3e-4, actor_lr_lora=1e-3, critic_lr=1e-3, max_new_tokens=8,
                     bootstrap_truncated=True)
 LARGE = SizeProfile("large", actor_lr=1e-6, actor_lr_lora=1e-5, critic_lr=1e-4, max_new_tokens=128,
                     bootstrap_truncated=False)
-BILLION = dataclasses.replace(LARGE, name="billion-scale", critic_lr=1e-5, critic="separate")
-ENV_CRITIC = "separate"
-"""``model.critic`` ``auto`` with ``rollout.env``, whatever the policy's size: on the built-in multi-turn
-task the value head on the policy's features learned less than the separate critic per sampled token in
-both layouts (its explained variance first reached 0.1 after 70–150 iterations, the separate critic's
-after 3–6), and with 32 prompts × 4, where the separate critic put GAE ahead of REINFORCE++, the head
-put it behind (docs/critic.md "Measured: a multi-turn task"). Untried there: a higher critic rate for
-the head, or ``value_grad_scale`` above 0."""
+BILLION = dataclasses.replace(LARGE, name="billion-scale", critic_lr=1e-5)
 
 
 def profile_for(parameters: int) -> SizeProfile:
@@ -102,7 +90,7 @@ class Resolved:
 def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) -> Resolved:
     """``cfg`` with each ``auto`` of ``optim.actor_lr``, ``optim.critic_lr``, ``rollout.max_new_tokens``,
     ``algo.bootstrap_truncated`` and ``model.critic`` replaced by the value of the policy's size class
-    (:func:`profile_for`; ``model.critic`` :data:`ENV_CRITIC` with ``rollout.env``); ``context``: the
+    (:func:`profile_for`; ``model.critic`` by :func:`~ppo_lm.config.critics.resolve_auto`); ``context``: the
     policy's max_position_embeddings, which an ``auto`` response limit leaves at least half of to the
     prompt, and never below ``rollout.min_new_tokens``. The critic's settings are listed in ``values``
     only where the estimator has a critic."""
@@ -119,7 +107,7 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
     if a.bootstrap_truncated == "auto":
         resolved["algo.bootstrap_truncated"] = p.bootstrap_truncated
     if cfg.model.critic == "auto":
-        resolved["model.critic"] = ENV_CRITIC if cfg.rollout.env is not None else p.critic
+        resolved["model.critic"] = critics.resolve_auto(parameters, cfg.rollout.env is not None).name
     optim = dataclasses.replace(o, actor_lr=resolved.get("optim.actor_lr", o.actor_lr),
                                 critic_lr=resolved.get("optim.critic_lr", o.critic_lr))
     rollout = dataclasses.replace(r, max_new_tokens=resolved.get("rollout.max_new_tokens", r.max_new_tokens))
@@ -130,8 +118,9 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
     bound = BILLION_PARAMETERS if p is BILLION else LARGE_MODEL_PARAMETERS
     bound_text = f"{bound / 1e9:g} B" if bound >= 1e9 else f"{bound / 1e6:g} M"
     reason = f"policy of {size} parameters, {'<' if p is SMALL else '≥'} {bound_text}: {p.name} model"
-    if critic and resolved.get("model.critic", p.critic) != p.critic:  # the environment, not the size, chose it
-        reason += f"; {ENV_CRITIC} critic: an environment's episodes"
+    by_size = critics.resolve_auto(parameters, env=False)
+    if critic and cfg.model.critic == "auto" and resolved["model.critic"] != by_size.name:  # the environment chose it
+        reason += f"; {critics.AUTO_ENV.name} critic: an environment's episodes"
     model = dataclasses.replace(cfg.model, critic=resolved.get("model.critic", cfg.model.critic))
     return Resolved(dataclasses.replace(cfg, model=model, optim=optim, rollout=rollout, algo=algo), values, reason,
                     parameters)

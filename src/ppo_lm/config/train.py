@@ -18,6 +18,7 @@ from ..algorithms.off_policy import CorrectionName, MaskName
 from ..algorithms.registry import EstimatorName
 from ..runtime.settings import setting
 from ..tasks.equations import BUILTIN_HEADS
+from .critics import settings_kind
 
 
 @dataclass
@@ -40,10 +41,11 @@ class ModelConfig:
     """Optional verifier ('module:function' or 'builtin:equations') scored next to the training reward
     and logged as `gold_score`: with a learned reward model it shows over-optimisation."""
     critic: Literal["auto", "separate", "shared", "frozen"] = "auto"
-    """'separate': own transformer body + scalar head; 'shared': a value head on the policy trunk;
-    'frozen': a separate critic whose body (`critic_init`'s) never trains, only its value head. auto:
-    by the policy's size (config/sizing.py): 'shared' below 1 B parameters, where the head on the
-    policy's features learned about as well per sampled token as a separate critic at a critic-free
+    """The kind of critic (config/critics.py, docs/critic.md): 'separate', a transformer body of its own
+    (`critic_init`'s) and a scalar head; 'frozen', a separate critic whose body never trains, only its
+    value head; 'shared', a value head on the policy's body. auto: 'separate' with `rollout.env` (an
+    environment's episodes), else by the policy's size: 'shared' below 1 B parameters, where the head on
+    the policy's features learned about as well per sampled token as a separate critic at a critic-free
     run's cost; 'separate' from 1 B, not measured here (docs/critic.md, "What a critic costs")."""
     critic_lora_r: int | None = setting(None, ge=0)
     """LoRA rank of a separate critic; None = `lora_r`. With r > 0 the critic's body is frozen and held
@@ -118,17 +120,15 @@ class ModelConfig:
 
     @property
     def critic_adapter_rank(self) -> int:
-        """The LoRA rank of a separate critic's adapters: `critic_lora_r`, else `lora_r`; 0 for a frozen
-        critic (its value head alone trains) and for a shared one (its value head is on the policy)."""
-        if self.critic not in ("separate", "auto"):  # auto: until the policy's size resolves it
-            return 0
-        return self.lora_r if self.critic_lora_r is None else self.critic_lora_r
+        """The LoRA rank of a separate critic's adapters: `critic_lora_r`, else `lora_r`; 0 for a kind
+        without them (config/critics.py; `auto` read as the kind it may become)."""
+        return settings_kind(self).adapter_rank(self)
 
     @property
     def critic_body_frozen(self) -> bool:
         """A separate critic whose body does not train (adapters, or a frozen critic's head alone): it
         holds the body it starts from by reference (docs/lora.md)."""
-        return self.critic == "frozen" or self.critic_adapter_rank > 0
+        return settings_kind(self).body_frozen(self)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..algorithms import get_advantage_estimator
 from ..algorithms.off_policy import resolve_correction
+from . import critics
 from .specs import is_model_path, reward_specs
 from .train import TrainConfig
 
@@ -86,32 +87,37 @@ def _not_whitened(c: TrainConfig, f: Facts) -> str | None:
 
 
 def _shared_critic(c: TrainConfig) -> bool:
-    return _spec(c).needs_critic and c.model.critic == "shared"
+    """Values from the policy's own forward (a shared critic), as far as the settings tell."""
+    kind = critics.kind_of(c)
+    return kind is not None and kind.values_from == "policy"
+
+
+def _kind_ignores(field: str) -> Why:
+    """The rule of a setting only some kinds of critic read (config/critics.py's ``settings``): unused with
+    a critic-free estimator, or with a kind that does not read it; unknown while an ``auto`` kind waits for
+    the policy's size (config/unused.py's ``check_resolved_critic`` decides then)."""
+    def why(c: TrainConfig, f: Facts) -> str | None:
+        kind = critics.kind_of(c)
+        if kind is critics.NONE:
+            return _no_critic(c, f)
+        if kind is None or field in kind.settings:
+            return None
+        named = f"`model.critic`={c.model.critic!r}" + (
+            f" resolves to {kind.name!r} with `rollout.env`" if c.model.critic == "auto" else "")
+        readers = " or ".join(k.name for k in critics.CriticKind.REGISTRY.values() if field in k.settings)
+        return (f"is unused: a {kind.name} critic ({named}) {kind.what}; only a {readers} critic reads it, "
+                f"where it {critics.KIND_SETTINGS[field]}")
+    return why
 
 
 def _critic_init_unused(c: TrainConfig, f: Facts) -> str | None:
-    if not _spec(c).needs_critic:
-        return _no_critic(c, f)
-    if c.model.critic == "shared":
-        return ("is unused: a shared critic (`model.critic`='shared') is a value head on the policy's body; "
-                "`model.critic_init` picks a separate critic's body")
+    if (why := _kind_ignores("model.critic_init")(c, f)) is not None:
+        return why
     if c.model.critic_init == "reward" and c.rollout.env is not None:
         return "needs a reward model, but `rollout.env`'s turn rewards replace `model.reward`: none is loaded"
     if c.model.critic_init == "reward" and not any(is_model_path(s) for s, _ in reward_specs(c.model)):
         return "needs a reward model, but `model.reward` names verifiers only"
     return None
-
-
-def _separate_critic(c: TrainConfig, f: Facts) -> str | None:
-    if not _spec(c).needs_critic or c.model.critic == "shared":
-        return None  # critic-free: the critic rule says so
-    if c.model.critic == "auto":  # below 1 B parameters, shared unless an environment's episodes
-        if c.rollout.env is None:
-            return None
-        kind = "separate critic (`model.critic`='auto' resolves to 'separate' with `rollout.env`)"
-    else:
-        kind = f"{c.model.critic} critic (`model.critic`={c.model.critic!r})"
-    return f"is unused: a {kind} has a body of its own, so no value-loss gradient reaches the policy's trunk"
 
 
 def _sampler_logp_unused(c: TrainConfig, f: Facts) -> str | None:
@@ -269,15 +275,6 @@ def _no_lora(c: TrainConfig, f: Facts) -> str | None:
     return "is unused: `model.lora_r` is 0 and no critic has adapters (every weight trains)"
 
 
-def _no_separate_critic(c: TrainConfig, f: Facts) -> str | None:
-    if not _spec(c).needs_critic:
-        return _no_critic(c, f)
-    if c.model.critic not in ("separate", "auto"):  # auto: separate at billion scale or with rollout.env
-        return (f"is unused: `model.critic` is {c.model.critic!r}, and only a separate critic ('separate') takes "
-                "adapters")
-    return None
-
-
 def _no_samples(c: TrainConfig, f: Facts) -> str | None:
     return "is unused: `log.sample_every` is 0, so no samples are written" if not c.log.sample_every else None
 
@@ -303,7 +300,7 @@ RULES: tuple[Rule, ...] = (
     # The critic and GAE: estimators without a critic (docs/algorithm.md §3).
     Rule(("optim.critic_epochs", "optim.critic_warmup_iterations"), _no_critic_to_train, GAE_ONLY),
     Rule(("algo.bootstrap_truncated",), _no_bootstrap, GAE_ONLY),
-    Rule(("model.critic", "model.value_grad_scale", "algo.gae_lambda", "algo.critic_lambda",
+    Rule(("model.critic", "algo.gae_lambda", "algo.critic_lambda",
           "algo.adaptive_lambda_alpha", "algo.value_clip_eps", "algo.vf_coef"), _no_critic, GAE_ONLY),
     Rule(("algo.critic_target",), _no_kl_in_reward, GAE_ONLY),
     Rule(("optim.critic_lr",), _no_critic, "leave it out, or pass `--optim.critic-lr auto` over a preset that sets it "
@@ -314,7 +311,8 @@ RULES: tuple[Rule, ...] = (
     # a path is checked as a model directory first
     Rule(("model.critic_init",), _critic_init_unused, "leave it out ('auto'), or give a critic that uses it",
          after_files=True),
-    Rule(("model.value_grad_scale",), _separate_critic, "leave it out, or set `model.critic` to 'shared'"),
+    Rule(("model.value_grad_scale",), _kind_ignores("model.value_grad_scale"),
+         "leave it out, or set `model.critic` to 'shared'"),
     Rule(("rollout.logp_from_sampler",), _sampler_logp_unused, "leave it out, or set `model.critic` to 'separate'"),
     # The KL and the policy loss.
     # `algo.kl_in` with `algo.kl_coef` 0 is accepted: it is the fix validate.py's refusal of a reward KL with a
@@ -372,7 +370,7 @@ RULES: tuple[Rule, ...] = (
     # (`model.lora_head` without `model.lora_r`: validate.py's _check_lora refuses it)
     Rule(("model.lora_alpha", "model.lora_dropout", "model.lora_target_modules"), _no_lora,
          "set `model.lora_r` (or `model.critic_lora_r`) > 0 for adapters, or leave it out"),
-    Rule(("model.critic_lora_r",), _no_separate_critic, "leave it out, or set `model.critic` to 'separate'"),
+    Rule(("model.critic_lora_r",), _kind_ignores("model.critic_lora_r"), "leave it out, or set `model.critic` to 'separate'"),
     # Processes and devices.
     Rule(("model.fsdp",), _single_process, "launch with torchrun --nproc-per-node N, or leave it out"),
     Rule(("model.fsdp_bf16",), _no_fsdp, "leave it out, or shard with `model.fsdp` under torchrun"),

@@ -11,6 +11,7 @@ from ..algorithms import get_advantage_estimator
 from ..algorithms.off_policy import OFF_POLICY_CORRECTIONS
 from ..runtime.errors import ConfigError
 from ..runtime.settings import check_ranges
+from .critics import settings_kind
 from .io import check_types
 from .train import AlgoConfig, TrainConfig
 from .unused import Facts, check_unused
@@ -30,10 +31,11 @@ def _check_builtin(cfg: TrainConfig) -> None:
 
 def _check_lora(cfg: TrainConfig) -> None:
     m = cfg.model
-    if m.critic == "frozen" and m.critic_lora_r:
-        raise ConfigError(f"`model.critic_lora_r`={m.critic_lora_r} with `model.critic`='frozen': a frozen critic "
-                          "trains its value head alone; set `model.critic` to 'separate' for a LoRA critic, or leave "
-                          "`model.critic_lora_r` out")
+    kind = settings_kind(m)
+    if m.critic_lora_r and kind.own_body and "model.critic_lora_r" not in kind.settings:  # a frozen one
+        raise ConfigError(f"`model.critic_lora_r`={m.critic_lora_r} with `model.critic`={kind.name!r}: a {kind.name} "
+                          f"critic trains {kind.trains(m)} alone; set `model.critic` to 'separate' for a LoRA "
+                          "critic, or leave `model.critic_lora_r` out")
     if m.lora_head and not m.lora_r:
         raise ConfigError("`model.lora_head` needs `model.lora_r` > 0 (the rank of the adapters)")
     if not m.lora_r and not m.critic_adapter_rank:

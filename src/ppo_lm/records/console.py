@@ -79,17 +79,10 @@ def banner(trainer) -> str:
     else:
         lines.append(f"  reference frozen copy of the policy: {parameters(trainer.ref)}")
     m = cfg.model
-    if trainer.critic is not None:
-        line = f"  critic    {type(trainer.critic.model).__name__}: {parameters(trainer.critic)}"
-        if m.critic_body_frozen:
-            rank = m.critic_adapter_rank
-            line += f"; its body frozen ({f'LoRA r {rank} and the value head train' if rank else 'the value head trains'})"
+    kind = trainer.models.critic_kind
+    body = f"{type(trainer.critic.model).__name__}: {parameters(trainer.critic)}" if trainer.critic is not None else ""
+    if line := kind.banner(m, body):
         lines.append(line)
-    elif trainer.models.shared_critic:
-        scale = m.value_grad_scale
-        lines.append("  critic    shared: a value head on the policy's body, " + (
-            "trained alone (no value-loss gradient reaches the body)" if scale == 0 else
-            f"its value-loss gradient × {scale:g} into the body"))
     envs = trainer.producer.envs
     if envs is not None:
         e = trainer.producer.episodes

@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..algorithms import AdaptiveKLController, FixedKLController, get_advantage_estimator
-from ..config import sizing
+from ..algorithms import AdaptiveKLController, FixedKLController
+from ..config import critics, sizing
+from ..config.critics import CriticKind
 from ..config.train import TrainConfig
 from ..config.unused import check_resolved_critic
 from ..config.validate import resolve_algo
@@ -43,22 +44,22 @@ from .preflight import Preflight
 @dataclass
 class Models:
     """The roles (docs/algorithm.md §2) as built: the tokenizer, the policy's language model as loaded
-    (``lm``) and its module, the reference, a separate critic (None: critic-free, or a value head on
-    the policy when ``shared_critic``), the reward terms (none with an environment) and the
-    monitoring-only gold verifier."""
+    (``lm``) and its module, the reference, the critic's kind (config/critics.py) and its model where it
+    has a body of its own (None: critic-free, or a value head on the policy), the reward terms (none with
+    an environment) and the monitoring-only gold verifier."""
 
     tokenizer: object
     lm: nn.Module
     policy: PolicyModel
     ref: PolicyModel
     critic: CriticModel | None
-    shared_critic: bool
+    critic_kind: CriticKind
     rewards: tuple[RewardTerm, ...]
     gold_verifier: Verifier | None
 
     def for_scoring(self) -> RolloutModels:
-        return RolloutModels(self.policy, self.ref, self.critic, self.shared_critic, self.rewards,
-                             self.gold_verifier)
+        return RolloutModels(self.policy, self.ref, self.critic, self.critic_kind.values_from == "policy",
+                             self.rewards, self.gold_verifier)
 
 
 @dataclass
@@ -134,9 +135,8 @@ def build_models(cfg: TrainConfig, pre: Preflight, device: torch.device, *, poli
                                 getattr(lm.config, "max_position_embeddings", None))
     check_resolved_critic(sized.cfg, cfg.model.critic == "auto")
     cfg = sized.cfg
-    estimator = get_advantage_estimator(cfg.algo.estimator)
-    shared_critic = estimator.needs_critic and cfg.model.critic == "shared"
-    policy_module = builders.build_policy_module(cfg, lm, with_value_head=shared_critic).to(device)
+    kind = critics.kind_of(cfg)
+    policy_module = builders.build_policy_module(cfg, lm, with_value_head=kind.values_from == "policy").to(device)
     terms = ([] if cfg.rollout.env is not None  # the environment's turn rewards replace model.reward
              else builders.given_reward_terms(verifier, cfg.model) if verifier is not None
              else builders.reward_terms(cfg.model, pre.verifiers, cfg.model.dtype))
@@ -146,18 +146,18 @@ def build_models(cfg: TrainConfig, pre: Preflight, device: torch.device, *, poli
     # the first reward model, if any: a separate critic may start from it (model.critic_init)
     reward_model = next((term.model for term in terms if term.model is not None), None)
     critic = None
-    if estimator.needs_critic and not shared_critic:
+    if kind.own_body:
         critic = builders.build_critic(cfg.model, lm, reward_model).to(device)
     if cfg.model.lora_r:  # only adapters train (docs/lora.md)
         adapters.add_policy_adapters(cfg, policy_module)
     ref = adapters.build_reference(policy_module).to(device)
-    if critic is not None and cfg.model.critic_body_frozen:  # adapters or the value head alone train
+    if kind.body_frozen(cfg.model):  # adapters or the value head alone train
         adapters.freeze_critic_body(cfg, critic, ref, reward_model)
     if cfg.model.gradient_checkpointing:
         enable_checkpointing(lm)
         if critic is not None:
             enable_checkpointing(critic.model)
-    return Models(tokenizer, lm, policy_module, ref, critic, shared_critic, tuple(terms), pre.gold_verifier), sized
+    return Models(tokenizer, lm, policy_module, ref, critic, kind, tuple(terms), pre.gold_verifier), sized
 
 
 def build_sampler(cfg: TrainConfig, pre: Preflight, models: Models, device: torch.device, *,

@@ -37,7 +37,7 @@ class RolloutModels:
     policy: PolicyModel
     ref: PolicyModel
     critic: CriticModel | None = None  # separate-body critic
-    shared_critic: bool = False  # values come from the policy's value head
+    values_from_policy: bool = False  # a shared critic: values come from the policy's value head
     rewards: tuple[RewardTerm, ...] = ()  # the score is their weighted sum
     gold_verifier: Verifier | None = None  # scored for monitoring only
 
@@ -97,7 +97,7 @@ def score_trajectories(models: RolloutModels, tokenizer, batch: TrajectoryBatch,
     environment's episodes."""
     trajs = batch.trajectories
     seqs = pack(trajs, tokenizer.pad_token_id, device)
-    sampler_logp = seqs.logp_behaviour if settings.logp_from_sampler and not models.shared_critic else None
+    sampler_logp = seqs.logp_behaviour if settings.logp_from_sampler and not models.values_from_policy else None
     logp_old, logp_ref, values_all, term_scores = score_sequences(
         models, seqs.input_ids, seqs.attention_mask, seqs.prompt_width, seqs.response_mask.sum(1),
         temperature=settings.temperature or 1.0, forward_batch_size=settings.forward_batch_size, device=device,
@@ -184,7 +184,7 @@ def score_sequences(models: RolloutModels, input_ids: Tensor, attention_mask: Te
     logp_old = torch.zeros(B, T, device=device) if sampler_logp is None else sampler_logp
     logp_ref = torch.zeros(B, T, device=device)
     values_all = None
-    if models.critic is not None or models.shared_critic:
+    if models.critic is not None or models.values_from_policy:
         values_all = torch.zeros(B, T + 1, device=device)
     groups = agreed_length_groups(lengths, forward_batch_size, prompt_width=P)  # (rows, response width) per forward
     last_index = P + lengths - 1
@@ -195,9 +195,9 @@ def score_sequences(models: RolloutModels, input_ids: Tensor, attention_mask: Te
         ids, mask = input_ids[rows, : P + w], attention_mask[rows, : P + w]
         with torch.no_grad():
             if sampler_logp is None:
-                out = models.policy(ids, mask, P, temperature=temperature, with_values=models.shared_critic)
+                out = models.policy(ids, mask, P, temperature=temperature, with_values=models.values_from_policy)
                 logp_old[rows, :w] = out["logp"]
-                if models.shared_critic:
+                if models.values_from_policy:
                     values_all[rows, : w + 1] = out["values"]
             if models.critic is not None:
                 values_all[rows, : w + 1] = models.critic(ids, mask, P)
