@@ -100,7 +100,7 @@ def hook_phases(trainer, sampler: Sampler) -> None:
     gen = engine.generate
     engine.generate = lambda *a, **k: _then(labelled(gen, "sampling")(*a, **k), sampler, "scoring")
     ppo.ppo_update = labelled(ppo.ppo_update, "update")
-    le = trainer.learner
+    le = trainer.training.learner
     le.policy.register_forward_pre_hook(lambda *_: _set(sampler, "update: policy fwd/bwd"))
     if le.critic is not None:
         le.critic.register_forward_pre_hook(lambda *_: _set(sampler, "update: critic fwd/bwd"))
@@ -178,13 +178,13 @@ def main(argv: list[str] | None = None) -> dict:
         sampler.label = "build"
         trainer = PPOTrainer(cfg, prompt_rows=rows)
         report["rss_mb"]["after build"] = round(rss_mb())
-        le = trainer.learner
-        models = {"policy": trainer.policy, "reference": trainer.ref, "critic": le.critic,
-                  "reward": getattr(trainer.rewards[0], "model", None) if trainer.rewards else None}
+        le = trainer.training.learner
+        models = {"policy": trainer.models.policy, "reference": trainer.models.ref, "critic": le.critic,
+                  "reward": getattr(trainer.models.rewards[0], "model", None) if trainer.models.rewards else None}
         counted = {f"weights {k}": round(storages_mb(m), 1) for k, m in models.items() if m is not None}
         counted["weights, all models (distinct storages)"] = round(storages_mb(*models.values()), 1)
-        emb = trainer.policy.lm.get_input_embeddings().weight
-        out_emb = trainer.policy.lm.get_output_embeddings().weight
+        emb = trainer.models.policy.lm.get_input_embeddings().weight
+        out_emb = trainer.models.policy.lm.get_output_embeddings().weight
         report["policy_embeddings_tied"] = emb.data_ptr() == out_emb.data_ptr()
         hook_phases(trainer, sampler)
         report["cpu_lanes"] = le.lanes.lanes

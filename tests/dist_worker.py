@@ -45,7 +45,7 @@ def save_reward_model(path: str) -> str:
 
 def fixed_rollout(tr: PPOTrainer):
     """The same 8-episode rollout in every process (fixed seed, no dependence on rank)."""
-    tr.sample_gen.manual_seed(1234)
+    tr.training.sample_gen.manual_seed(1234)
     plan = tr.source.plan
     tr.source.plan = dataclasses.replace(plan, rank=0, world=1)  # every process samples the full global batch
     batch = tr.rollout(1)
@@ -60,9 +60,9 @@ def weights(tr: PPOTrainer) -> dict[str, torch.Tensor]:
     def full(m):
         return sharding.full_state(m) if sharding.is_sharded(m) else m.state_dict()
 
-    out = {f"policy.{k}": v.detach().clone() for k, v in full(tr.policy).items()}
-    if tr.critic is not None:
-        out.update({f"critic.{k}": v.detach().clone() for k, v in full(tr.critic).items()})
+    out = {f"policy.{k}": v.detach().clone() for k, v in full(tr.models.policy).items()}
+    if tr.models.critic is not None:
+        out.update({f"critic.{k}": v.detach().clone() for k, v in full(tr.models.critic).items()})
     return out
 
 
@@ -80,8 +80,8 @@ def main() -> None:
         os.makedirs(out_dir, exist_ok=True)
         from ppo_lm.models.sharding import is_sharded
 
-        reward_model = next((term.model for term in tr.rewards if term.model is not None), None)
-        sharded = {"policy": is_sharded(tr.policy), "critic": is_sharded(tr.critic), "ref": is_sharded(tr.ref),
+        reward_model = next((term.model for term in tr.models.rewards if term.model is not None), None)
+        sharded = {"policy": is_sharded(tr.models.policy), "critic": is_sharded(tr.models.critic), "ref": is_sharded(tr.models.ref),
                    "reward_model": is_sharded(reward_model)}
         torch.save({"weights": final, "metrics": metrics, "sharded": sharded}, os.path.join(out_dir, "result.pt"))
     del tr  # the process group outlives every model that holds it

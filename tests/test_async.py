@@ -68,7 +68,7 @@ def test_a_run_resumed_after_a_crash_equals_the_uninterrupted_one(tmp_path, monk
     resumed = PPOTrainer(tiny_config(tmp_path / "cut", iterations=4, resume=True, **KW), verifier=count_sevens)
     resumed.train()
     assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
-    for a, b in zip(whole.policy.state_dict().values(), resumed.policy.state_dict().values()):
+    for a, b in zip(whole.models.policy.state_dict().values(), resumed.models.policy.state_dict().values()):
         assert torch.equal(a, b)
 
 
@@ -187,7 +187,7 @@ def test_an_environments_episodes_are_sampled_ahead_too(tmp_path):
     cfg = tiny_config(tmp_path, iterations=3, rollout__env="builtin:equations_retry", rollout__max_turns=2,
                       rollout__samples_per_prompt=2, **KW)
     tr = PPOTrainer(cfg)
-    assert tr.source.producer.envs is not tr.producer.envs  # the producer's own workers
+    assert tr.source.producer.envs is not tr.sampler.producer.envs  # the producer's own workers
     history = tr.train()
     assert [m["staleness_max"] for m in history] == [0, 1, 2] and all(m["turns_mean"] >= 1 for m in history)
 
@@ -265,14 +265,14 @@ def test_every_token_is_sampled_by_the_weights_its_version_names(tmp_path):
     import copy
 
     tr = PPOTrainer(tiny_config(tmp_path, iterations=5, **KW), verifier=count_sevens)
-    versions = {0: copy.deepcopy(tr.policy.lm.state_dict())}
+    versions = {0: copy.deepcopy(tr.models.policy.lm.state_dict())}
     publish = tr.source.publish
-    tr.source.publish = lambda v: versions.__setitem__(v, copy.deepcopy(tr.policy.lm.state_dict())) or publish(v)
+    tr.source.publish = lambda v: versions.__setitem__(v, copy.deepcopy(tr.models.policy.lm.state_dict())) or publish(v)
     taken = []
     score = tr.score
     tr.score = lambda trajectories: taken.append(trajectories) or score(trajectories)
     tr.train()
-    lm = copy.deepcopy(tr.policy.lm).eval()
+    lm = copy.deepcopy(tr.models.policy.lm).eval()
 
     def logprobs(t, version):
         lm.load_state_dict(versions[version])

@@ -69,7 +69,7 @@ def test_a_checkpoint_with_k_plus_one_batches_ahead_resumes_equal_to_the_uninter
     resumed.source.stall_timeout_s = 60.0  # a hang fails the test in a minute rather than never ending
     resumed.train()
     assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
-    for a, b in zip(whole.policy.state_dict().values(), resumed.policy.state_dict().values()):
+    for a, b in zip(whole.models.policy.state_dict().values(), resumed.models.policy.state_dict().values()):
         assert torch.equal(a, b)
 
 

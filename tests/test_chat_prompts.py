@@ -83,7 +83,7 @@ def test_every_end_of_turn_id_of_the_generation_config_stops_a_response(tmp_path
     seen, verifier = _capture()
     cfg = tiny_config(tmp_path / "run", rollout__max_new_tokens=12, rollout__temperature=3.0)
     tr = PPOTrainer(cfg, policy=lm, tokenizer=tok, verifier=lambda p, r, **c: [float("7" in x) for x in r])
-    assert set(tr.sampling.stop_token_ids) == {tok.eos_token_id, seven}
+    assert set(tr.sampler.sampling.stop_token_ids) == {tok.eos_token_id, seven}
     for it in range(1, 4):
         b = tr.rollout(it)
         ended_on_seven = [bool(t) and int(ids[m][-1]) == seven for ids, m, t in
@@ -101,6 +101,6 @@ def test_stop_tokens_given_as_text(tmp_path):
                     verifier=lambda p, r, **c: [0.0] * len(p))
     newline, space = (tok.encode(s, add_special_tokens=False) for s in ("\n", " "))
     assert len(newline) == len(space) == 1 and tok.decode(newline + space) == "\n "
-    assert set(tr.sampling.stop_token_ids) == {tok.eos_token_id, newline[0], space[0]}
+    assert set(tr.sampler.sampling.stop_token_ids) == {tok.eos_token_id, newline[0], space[0]}
     with pytest.raises(ConfigError, match="'ab' is not a single token"):
         PPOTrainer(tiny_config(tmp_path / "r2", rollout__stop_tokens=["ab"]), verifier=lambda p, r, **c: [0.0] * len(p))

@@ -84,6 +84,7 @@ def test_spread_and_summary_against_a_hand_calculation():
     assert smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
 
 
+@pytest.mark.slow  # a whole comparison in fresh processes: ~8 s of the fast suite; .ci/run runs it
 def test_a_run_is_a_fresh_process_with_its_own_peak_rss(tmp_path):
     run = TrainConfig(iterations=1, output_dir=str(tmp_path / "run"))
     run.model.builtin_hidden_size = 16

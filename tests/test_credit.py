@@ -102,7 +102,7 @@ def test_the_ratio_is_the_updated_policy_over_logp_old(gae_run):
     run, trainer, b = gae_run
     last = [r for r in _records(run) if r["iteration"] == 2]
     with torch.no_grad():
-        logp = trainer.policy(b.input_ids, b.attention_mask, b.prompt_width)["logp"]
+        logp = trainer.models.policy(b.input_ids, b.attention_mask, b.prompt_width)["logp"]
     ratio = torch.exp(logp - b.logp_old)
     for i, r in enumerate(last):
         assert r["ratio"] == pytest.approx(ratio[i, : len(r["tokens"])].tolist(), rel=1e-5)

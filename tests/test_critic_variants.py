@@ -15,9 +15,9 @@ from ppo_lm.config.validate import validate_config
 from ppo_lm.models import lora
 from ppo_lm.models.actor_critic import _hidden
 from ppo_lm.models.hf_compat import scalar_head, trunk
-from ppo_lm.records.console import banner
 from ppo_lm.records.metrics_log import is_timing_key
 from ppo_lm.runtime.errors import ConfigError
+from ppo_lm.trainer.banner import banner
 from ppo_lm.trainer.checkpoint.folders import latest_checkpoint
 from ppo_lm.trainer.ppo import PPOTrainer
 
@@ -31,8 +31,8 @@ def _config(path, variant: str, **kw):
 
 def _body_shares_the_references_storage(tr) -> list[str]:
     """Names of the critic's body tensors that are not the reference's very tensors (empty: all are)."""
-    ref = {n: p for n, p in trunk(tr.ref.lm).named_parameters()}
-    return [n for n, p in trunk(tr.critic.model).named_parameters() if not lora.is_adapter_key(n)
+    ref = {n: p for n, p in trunk(tr.models.ref.lm).named_parameters()}
+    return [n for n, p in trunk(tr.models.critic.model).named_parameters() if not lora.is_adapter_key(n)
             and p.data_ptr() != ref[n.replace(".base_layer.", ".")].data_ptr()]
 
 
@@ -42,20 +42,20 @@ def test_the_critics_body_is_the_references_and_only_what_should_train_does(tmp_
     assert _body_shares_the_references_storage(tr) == []
     trains = "LoRA r 4 and the value head train" if variant == "lora" else "the value head trains"
     assert f"; its body frozen ({trains})" in banner(tr)
-    assert all(p.requires_grad for p in tr.policy.lm.parameters())  # the policy trains in full
-    trained = {n for n, p in tr.critic.model.named_parameters() if p.requires_grad}
+    assert all(p.requires_grad for p in tr.models.policy.lm.parameters())  # the policy trains in full
+    trained = {n for n, p in tr.models.critic.model.named_parameters() if p.requires_grad}
     heads = {"score.weight", "score.bias"}
     if variant == "frozen":
         assert trained == heads
     else:
         assert heads < trained and all(lora.is_adapter_key(n) for n in trained - heads)
-    before = {n: p.detach().clone() for n, p in tr.critic.model.named_parameters()}
-    ref_before = {n: p.detach().clone() for n, p in tr.ref.lm.named_parameters()}
+    before = {n: p.detach().clone() for n, p in tr.models.critic.model.named_parameters()}
+    ref_before = {n: p.detach().clone() for n, p in tr.models.ref.lm.named_parameters()}
     history = tr.train()
-    after = dict(tr.critic.model.named_parameters())
+    after = dict(tr.models.critic.model.named_parameters())
     moved = {n for n in before if not torch.equal(before[n], after[n])}
     assert moved == trained  # every trained tensor moved, no frozen one did
-    assert all(torch.equal(p, ref_before[n]) for n, p in tr.ref.lm.named_parameters())
+    assert all(torch.equal(p, ref_before[n]) for n, p in tr.models.ref.lm.named_parameters())
     assert history[-1]["value_loss"] > 0 and "grad_norm_critic" in history[-1]
 
 
@@ -63,13 +63,13 @@ def test_a_frozen_critics_values_are_its_head_on_the_references_features(tmp_pat
     tr = PPOTrainer(_config(tmp_path, "frozen", iterations=2), verifier=length_reward)
     tr.train()
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, len(tr.tokenizer), (4, 9), generator=g)
+    ids = torch.randint(3, len(tr.models.tokenizer), (4, 9), generator=g)
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
     with torch.no_grad():
-        values = tr.critic(ids, mask, 5)
-        features = _hidden(trunk(tr.ref.lm), ids, mask, 4)
-        expected = scalar_head(tr.critic.model)(features).squeeze(-1)
+        values = tr.models.critic(ids, mask, 5)
+        features = _hidden(trunk(tr.models.ref.lm), ids, mask, 4)
+        expected = scalar_head(tr.models.critic.model)(features).squeeze(-1)
     valid = mask[:, 4:].bool()
     assert torch.allclose(values.where(valid, 0), expected.where(valid, 0), atol=1e-6, rtol=0)
     assert expected.where(valid, 0).abs().max() > 0  # the head has moved off its zero start
@@ -95,7 +95,7 @@ def test_a_frozen_critics_checkpoint_holds_its_value_head_alone(tmp_path):
     critic_dir = latest_checkpoint(tmp_path)[1] / "critic"
     saved = load_file(str(critic_dir / "value_head.safetensors"))
     assert set(saved) == {"score.weight", "score.bias"} and not list(critic_dir.glob("model*.safetensors"))
-    assert torch.equal(saved["score.weight"], tr.critic.model.score.weight)
+    assert torch.equal(saved["score.weight"], tr.models.critic.model.score.weight)
 
 
 def test_a_frozen_critic_resumes_from_a_checkpoint_that_saved_it_whole(tmp_path):
@@ -106,7 +106,7 @@ def test_a_frozen_critic_resumes_from_a_checkpoint_that_saved_it_whole(tmp_path)
     tr.train()
     critic_dir = latest_checkpoint(tmp_path / "part")[1] / "critic"
     (critic_dir / "value_head.safetensors").unlink()
-    tr.critic.model.save_pretrained(critic_dir, safe_serialization=True)
+    tr.models.critic.model.save_pretrained(critic_dir, safe_serialization=True)
     manifest = critic_dir.parent / "manifest.json"
     manifest.unlink()  # (a checkpoint without a manifest is checked by reading its files)
     PPOTrainer(_config(tmp_path / "part", "frozen", iterations=2, resume=True, **kw), verifier=length_reward).train()
@@ -151,12 +151,12 @@ def test_critic_adapters_use_the_lora_settings(tmp_path):
 
 def test_auto_gives_a_small_policy_a_value_head_that_trains_alone(tmp_path):
     tr = PPOTrainer(tiny_config(tmp_path, model__critic="auto"), verifier=length_reward)
-    assert tr.critic is None and tr.policy.value_head is not None and tr.policy.value_grad_scale == 0.0
+    assert tr.models.critic is None and tr.models.policy.value_head is not None and tr.models.policy.value_grad_scale == 0.0
     assert tr.sized.values["model.critic"] == "shared"
     text = banner(tr)
     assert "critic    shared: a value head on the policy's body, trained alone" in text and "model.critic shared" in text
-    trunk_before = {n: p.detach().clone() for n, p in tr.policy.lm.named_parameters()}
-    tr.learner.zero_grad()
+    trunk_before = {n: p.detach().clone() for n, p in tr.models.policy.lm.named_parameters()}
+    tr.training.learner.zero_grad()
     batch = tr.rollout(1)
     from ppo_lm.trainer.update import (  # the value loss alone: the policy's trunk gets no gradient
         UpdateBatch,
@@ -164,10 +164,10 @@ def test_auto_gives_a_small_policy_a_value_head_that_trains_alone(tmp_path):
     )
 
     tr.cfg.optim.epochs = 1
-    ppo_update(tr.learner, UpdateBatch.of(batch, torch.zeros_like(batch.logp_old), torch.ones_like(batch.logp_old), None),
-               tr.cfg, tr.shuffle_gen, train_policy=False)
-    assert all(torch.equal(p, trunk_before[n]) for n, p in tr.policy.lm.named_parameters())
-    assert tr.policy.value_head.bias.abs().item() > 0  # the head moved toward the returns of 1
+    ppo_update(tr.training.learner, UpdateBatch.of(batch, torch.zeros_like(batch.logp_old), torch.ones_like(batch.logp_old), None),
+               tr.cfg, tr.training.shuffle_gen, train_policy=False)
+    assert all(torch.equal(p, trunk_before[n]) for n, p in tr.models.policy.lm.named_parameters())
+    assert tr.models.policy.value_head.bias.abs().item() > 0  # the head moved toward the returns of 1
 
 
 def test_a_setting_the_auto_critic_ignores_is_named_once_the_policy_loads(tmp_path):

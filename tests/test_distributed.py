@@ -32,7 +32,8 @@ def _torchrun(args: list[str], timeout: float, env_extra: dict | None = None) ->
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("critic,mode", [("separate", "ddp"), ("shared", "ddp"), ("separate", "fsdp")])
+@pytest.mark.parametrize("critic,mode", [("separate", "ddp"), ("shared", "ddp"),
+                                         pytest.param("separate", "fsdp", marks=pytest.mark.slow)])
 def test_two_ranks_match_one_process(tmp_path, critic, mode):
     """With FSDP the run also has a reward model: policy, critic, reference and reward model are all
     sharded, and the scores, reference KL and updated weights still match one process."""
@@ -64,6 +65,7 @@ def test_two_ranks_match_one_process(tmp_path, critic, mode):
             assert abs(single_metrics[k] - dp["metrics"][k]) < 1e-4, k
 
 
+@pytest.mark.slow  # a torchrun launch: ~9 s of the fast suite's 4 minutes; .ci/run runs it
 def test_rank_crash_stops_all_and_keeps_checkpoint(tmp_path):
     out = tmp_path / "run"
     t0 = time.monotonic()

@@ -54,7 +54,7 @@ def _versions_sampled(trainer) -> list[int]:
     seen, rollout = [], trainer.rollout
 
     def stamped(iteration, timer=None):
-        seen.append(trainer.engine.version)
+        seen.append(trainer.sampler.engine.version)
         return rollout(iteration, timer)
 
     trainer.rollout = stamped
@@ -67,8 +67,8 @@ def test_the_trainer_publishes_each_update_as_a_version(tmp_path):
     tr = PPOTrainer(tiny_config(tmp_path / "run", **kw), verifier=count_sevens)
     seen = _versions_sampled(tr)
     tr.train()
-    assert seen == [0, 1] and tr.engine.version == 2
+    assert seen == [0, 1] and tr.sampler.engine.version == 2
     resumed = PPOTrainer(tiny_config(tmp_path / "run", resume=True, **{**kw, "iterations": 3}), verifier=count_sevens)
     seen = _versions_sampled(resumed)
     resumed.train()
-    assert seen == [2] and resumed.engine.version == 3
+    assert seen == [2] and resumed.sampler.engine.version == 3

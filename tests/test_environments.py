@@ -68,7 +68,7 @@ def test_token_in_token_out_and_the_turn_rewards(tmp_path, env_file, monkeypatch
     tr = trainer(tmp_path, env_file)
     b = tr.rollout(1)
     record = [tuple(json.loads(line)) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
-    tok = tr.tokenizer
+    tok = tr.models.tokenizer
     assert b.action_mask is not None and b.episode_info["turns"].tolist() == [3] * b.size
     for i in range(b.size):
         seed = tr.plan.seeds_for(1)[i]
@@ -80,7 +80,7 @@ def test_token_in_token_out_and_the_turn_rewards(tmp_path, env_file, monkeypatch
         assert observations == [tok(f" ok{k}:", add_special_tokens=False)["input_ids"] for k in (1, 2)][:len(observations)]
         assert len(actions) == 3 or (len(actions) < 3 and len(observations) == len(actions) - 1)
         # each turn's sampled ids decode to the text the environment received (its stop token aside)
-        stops = set(tr.sampling.stop_token_ids)
+        stops = set(tr.sampler.sampling.stop_token_ids)
         for ids, text in zip(actions, texts):
             kept = ids[:-1] if ids[-1] in stops else ids
             assert tok.decode(kept, skip_special_tokens=True) == text
@@ -106,13 +106,13 @@ def test_observation_tokens_carry_no_loss(tmp_path, env_file):
     assert bool((b.logp_old[obs] == 0).all() and (b.values_old[obs] == 0).all())
     garbled = replace(b, logp_old=b.logp_old.masked_fill(obs, 5.0), logp_ref=b.logp_ref.masked_fill(obs, -7.0),
                       values_old=b.values_old.masked_fill(obs, 3.0))
-    start = [p.detach().clone() for p in one.policy.parameters()]
+    start = [p.detach().clone() for p in one.models.policy.parameters()]
     clean, dirty = one.learn(b, 1), two.learn(garbled, 1)
-    for p1, p2 in zip(one.policy.parameters(), two.policy.parameters()):
+    for p1, p2 in zip(one.models.policy.parameters(), two.models.policy.parameters()):
         assert torch.equal(p1, p2)
-    for p1, p2 in zip(one.critic.parameters(), two.critic.parameters()):
+    for p1, p2 in zip(one.models.critic.parameters(), two.models.critic.parameters()):
         assert torch.equal(p1, p2)
-    assert any(not torch.equal(p0, p1) for p0, p1 in zip(start, one.policy.parameters()))
+    assert any(not torch.equal(p0, p1) for p0, p1 in zip(start, one.models.policy.parameters()))
     assert clean.metrics["ref_kl"] == dirty.metrics["ref_kl"]
     t = clean.targets
     assert bool((t.advantages[obs] == 0).all() and (t.returns[obs] == 0).all() and (t.rewards[obs] == 0).all())

@@ -30,7 +30,7 @@ def test_eval_before_every_n_and_after_the_last(tmp_path):
     # the untrained policy, evaluated independently (same seed: the same initial weights)
     fresh = PPOTrainer(_eval_cfg(tmp_path / "fresh"))
     held = make_prompts(8, seed=10_000, split="heldout", unique=True)
-    before, _ = greedy_eval(fresh.producer, held, verify, max_new_tokens=4)
+    before, _ = greedy_eval(fresh.sampler.producer, held, verify, max_new_tokens=4)
     tr.train()
     rows = _rows(run)
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]

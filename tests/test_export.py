@@ -30,7 +30,7 @@ def test_export_loads_with_plain_transformers_and_gives_the_trained_logits(tmp_p
     tok = AutoTokenizer.from_pretrained(tmp_path / "out")
     ids = tok(["Solve 2x+3=11\n", "Solve x-1=4\n"], return_tensors="pt", padding=True)
     with torch.no_grad():
-        ours = tr.policy.lm(**ids).logits
+        ours = tr.models.policy.lm(**ids).logits
         theirs = lm(**ids).logits
     assert float((ours - theirs).abs().max()) <= 1e-5
     assert tok.decode(tok("x = 4\n")["input_ids"]) == "x = 4\n"

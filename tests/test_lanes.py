@@ -148,9 +148,9 @@ def _trainer(tmp_path, lanes, **overrides):
 
 
 def _weights(tr):
-    out = {f"p.{k}": v.detach().clone() for k, v in tr.policy.state_dict().items()}
-    if tr.critic is not None:
-        out |= {f"c.{k}": v.detach().clone() for k, v in tr.critic.state_dict().items()}
+    out = {f"p.{k}": v.detach().clone() for k, v in tr.models.policy.state_dict().items()}
+    if tr.models.critic is not None:
+        out |= {f"c.{k}": v.detach().clone() for k, v in tr.models.critic.state_dict().items()}
     return out
 
 
@@ -164,7 +164,7 @@ def test_update_with_two_lanes_equals_one_lane(tmp_path, overrides):
     """Each lane back-propagates its share of the rows; summed, the gradients are the micro-batch's,
     so the updated weights and the logged statistics match the one-lane update."""
     one, two = _trainer(tmp_path, 1, **overrides), _trainer(tmp_path, 2, **overrides)
-    assert (one.learner.lanes.lanes, two.learner.lanes.lanes) == (1, 2)
+    assert (one.training.learner.lanes.lanes, two.training.learner.lanes.lanes) == (1, 2)
     batch = one.rollout(1)
     assert batch.lengths.min() < batch.lengths.max()
     m1, m2 = one.learn(batch, 1).metrics, two.learn(batch, 1).metrics
@@ -187,7 +187,7 @@ def test_scoring_with_two_lanes_equals_one_lane(tmp_path, critic, reward_model):
 
         extra["model__reward"] = save_reward_model(str(tmp_path / "rm"))
     one, two = _trainer(tmp_path, 1, **extra), _trainer(tmp_path, 2, **extra)
-    assert any(term.model is not None for term in one.rewards) == reward_model
+    assert any(term.model is not None for term in one.models.rewards) == reward_model
     b1, b2 = one.rollout(1), two.rollout(1)
     assert torch.equal(b1.input_ids, b2.input_ids)  # same samples: scoring is what differs
     for name in ("logp_old", "logp_ref", "values_old", "bootstrap_values", "scores"):
@@ -210,11 +210,11 @@ def test_gradient_checkpointing_keeps_one_lane(tmp_path, monkeypatch):
             monkeypatch.setattr(m, "_gradient_checkpointing_func",
                                 lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k), raising=False)
     tr = PPOTrainer(cfg, policy=policy, verifier=length_reward)
-    assert tr.learner.lanes.lanes == 1
-    assert _trainer(tmp_path, 2).learner.lanes.lanes == 2
+    assert tr.training.learner.lanes.lanes == 1
+    assert _trainer(tmp_path, 2).training.learner.lanes.lanes == 2
     tr.train_iteration(1)
     assert calls
-    assert not tr.policy.lm.training  # back in eval mode for the next rollout
+    assert not tr.models.policy.lm.training  # back in eval mode for the next rollout
 
 
 @pytest.mark.parametrize("arch,rates", [("starcoder2", {"residual_dropout": 0.3, "embedding_dropout": 0.3}),

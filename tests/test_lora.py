@@ -110,32 +110,32 @@ def test_the_lean_path_runs_adapters_as_transformers_does(monkeypatch):
 def test_only_adapters_and_heads_train_and_the_reference_stays_the_base(tmp_path, head):
     cfg = _lora_config(tmp_path, iterations=3, optim__actor_lr=1e-2, optim__critic_lr=1e-2, model__lora_head=head)
     tr = PPOTrainer(cfg, verifier=length_reward)
-    assert tr.ref.lm is tr.policy.lm  # one copy of the weights
-    trained = {n for n, p in tr.policy.lm.named_parameters() if p.requires_grad}
+    assert tr.models.ref.lm is tr.models.policy.lm  # one copy of the weights
+    trained = {n for n, p in tr.models.policy.lm.named_parameters() if p.requires_grad}
     assert trained and all(lora.is_adapter_key(n) for n in trained)
     assert any(n.startswith("lm_head.") for n in trained) is head
-    critic_trained = {n for n, p in tr.critic.model.named_parameters() if p.requires_grad}
+    critic_trained = {n for n, p in tr.models.critic.model.named_parameters() if p.requires_grad}
     assert {n for n in critic_trained if not lora.is_adapter_key(n)} == {"score.weight", "score.bias"}
-    frozen_before = {n: p.detach().clone() for n, p in tr.policy.lm.named_parameters() if not p.requires_grad}
-    ids, mask, P = _batch(len(tr.tokenizer))
+    frozen_before = {n: p.detach().clone() for n, p in tr.models.policy.lm.named_parameters() if not p.requires_grad}
+    ids, mask, P = _batch(len(tr.models.tokenizer))
     with torch.no_grad():
-        ref_before = tr.ref(ids, mask, P)["logp"]
+        ref_before = tr.models.ref(ids, mask, P)["logp"]
     history = tr.train()
-    assert all(torch.equal(p, frozen_before[n]) for n, p in tr.policy.lm.named_parameters() if not p.requires_grad)
+    assert all(torch.equal(p, frozen_before[n]) for n, p in tr.models.policy.lm.named_parameters() if not p.requires_grad)
     with torch.no_grad():
-        assert torch.equal(tr.ref(ids, mask, P)["logp"], ref_before)
-        moved = (tr.policy(ids, mask, P)["logp"] - ref_before).abs().max()
+        assert torch.equal(tr.models.ref(ids, mask, P)["logp"], ref_before)
+        moved = (tr.models.policy(ids, mask, P)["logp"] - ref_before).abs().max()
     assert moved > 1e-3 and history[-1]["ref_kl"] != 0
 
 
 def test_the_critics_frozen_body_is_the_donors_weights_not_a_copy(tmp_path):
     tr = PPOTrainer(_lora_config(tmp_path, model__critic_init="policy"), verifier=count_sevens)
-    policy = dict(tr.policy.lm.model.named_parameters())
-    shared = [n for n, p in tr.critic.model.model.named_parameters()
+    policy = dict(tr.models.policy.lm.model.named_parameters())
+    shared = [n for n, p in tr.models.critic.model.model.named_parameters()
               if n.replace(".base_layer.", ".") in {k.replace(".base_layer.", ".") for k in policy}
               and p.data_ptr() == policy[next(k for k in policy if k.replace(".base_layer.", ".")
                                               == n.replace(".base_layer.", "."))].data_ptr()]
-    body_base = [n for n, _ in tr.critic.model.model.named_parameters() if not lora.is_adapter_key(n)]
+    body_base = [n for n, _ in tr.models.critic.model.model.named_parameters() if not lora.is_adapter_key(n)]
     assert sorted(shared) == sorted(body_base)
 
 
@@ -144,7 +144,7 @@ def test_first_minibatch_ratio_is_one_with_adapters(tmp_path, head):
     cfg = _lora_config(tmp_path, iterations=1, optim__epochs=1, optim__num_minibatches=1, rollout__num_prompts=16,
                        rollout__max_new_tokens=8, model__lora_head=head)
     tr = PPOTrainer(cfg, verifier=count_sevens)
-    _randomise_adapters(tr.policy.lm)  # a policy away from its reference: the ratio is still π_θ/π_old
+    _randomise_adapters(tr.models.policy.lm)  # a policy away from its reference: the ratio is still π_θ/π_old
     m = tr.train_iteration(1).metrics
     assert abs(m["ratio_max"] - 1) < 1e-5 and m["approx_kl"] < 1e-10 and m["ref_kl"] > 1e-4
 
@@ -175,12 +175,12 @@ def test_checkpoint_adapters_load_with_peft_and_export_merges_them(tmp_path, hea
     tr = PPOTrainer(cfg, verifier=length_reward)
     tr.train()
     _, path = latest_checkpoint(tmp_path / "run")
-    ids, mask, P = _batch(len(tr.tokenizer))
+    ids, mask, P = _batch(len(tr.models.tokenizer))
     with torch.no_grad():
-        trained = tr.policy.lm(input_ids=ids, attention_mask=mask).logits
-        base = tr.ref.lm  # (the same model: read the base through peft below instead)
-        assert base is tr.policy.lm
-        fresh = build_tiny_policy(tr.tokenizer, seed=cfg.seed, hidden_size=32)
+        trained = tr.models.policy.lm(input_ids=ids, attention_mask=mask).logits
+        base = tr.models.ref.lm  # (the same model: read the base through peft below instead)
+        assert base is tr.models.policy.lm
+        fresh = build_tiny_policy(tr.models.tokenizer, seed=cfg.seed, hidden_size=32)
         via_peft = PeftModel.from_pretrained(fresh, str(path / "policy")).eval()
         assert torch.allclose(via_peft(input_ids=ids, attention_mask=mask).logits, trained, atol=1e-5, rtol=0)
     assert main(["export", str(tmp_path / "run"), "--output", str(tmp_path / "merged")]) == 0
@@ -192,7 +192,7 @@ def test_checkpoint_adapters_load_with_peft_and_export_merges_them(tmp_path, hea
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids, attention_mask=mask).logits, trained, atol=1e-4 if head else 1e-5,
                               rtol=0)
-        exact = PeftModel.from_pretrained(build_tiny_policy(tr.tokenizer, seed=cfg.seed, hidden_size=32).double(),
+        exact = PeftModel.from_pretrained(build_tiny_policy(tr.models.tokenizer, seed=cfg.seed, hidden_size=32).double(),
                                           str(path / "policy")).double().eval()
         unmerged = exact(input_ids=ids, attention_mask=mask).logits
         assert torch.allclose(exact.merge_and_unload()(input_ids=ids, attention_mask=mask).logits, unmerged,
@@ -289,7 +289,7 @@ def test_a_head_tied_to_the_embeddings_is_refused_and_lora_head_needs_lora(tmp_p
 
 def test_target_modules_by_name_adapt_only_those(tmp_path):
     tr = PPOTrainer(_lora_config(tmp_path, model__lora_target_modules=["q_proj", "v_proj"]), verifier=count_sevens)
-    adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _ in tr.policy.lm.named_parameters()
+    adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _ in tr.models.policy.lm.named_parameters()
                if lora.is_adapter_key(n)}
     assert adapted == {"q_proj", "v_proj"}
 
@@ -309,7 +309,7 @@ def test_adapter_dropout_with_gradient_checkpointing_trains_and_recomputes_the_s
                            model__lora_dropout=0.1, optim__actor_lr=1e-2, model__cpu_lanes=1)
         tr = PPOTrainer(cfg, verifier=length_reward)
         runs.append(tr.train_iteration(1).metrics)
-        assert not any(m.training for m in tr.policy.lm.__dict__[lora._DROPOUTS])  # off again after the update
+        assert not any(m.training for m in tr.models.policy.lm.__dict__[lora._DROPOUTS])  # off again after the update
     a, b = runs
     for k in ("policy_loss", "value_loss", "grad_norm_actor", "grad_norm_critic"):
         assert abs(a[k] - b[k]) < 1e-5 * max(1.0, abs(a[k])), k

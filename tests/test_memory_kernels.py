@@ -99,6 +99,6 @@ def test_the_update_trims_only_when_it_pays(tmp_path, monkeypatch):
         monkeypatch.setattr(memory, "RELEASE_MIN_BYTES", threshold)
         calls.clear()
         trainer = PPOTrainer(tiny_config(tmp_path / f"t{threshold}", iterations=1))
-        assert trainer.learner.release_memory is bool(expected)
+        assert trainer.training.learner.release_memory is bool(expected)
         trainer.train_iteration(1)
         assert len(calls) == expected

@@ -371,6 +371,6 @@ def test_a_ppo_iteration_with_a_separate_critic(tmp_path, name):
     lm = FAMILIES[name].lm(_config(name, vocab_size=len(tok), pad_token_id=tok.pad_token_id,
                                    eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id))
     tr = PPOTrainer(tiny_config(tmp_path / name), policy=lm, tokenizer=tok, verifier=count_sevens)
-    assert tr.critic is not None and type(tr.critic.model).__name__.startswith(type(lm).__name__[:5])
+    assert tr.models.critic is not None and type(tr.models.critic.model).__name__.startswith(type(lm).__name__[:5])
     m = tr.train_iteration(1).metrics
     assert all(math.isfinite(v) for k, v in m.items() if k != "explained_variance")

@@ -65,10 +65,10 @@ def value_of(tr, ids: list[int]) -> float:
     head — not the trainer's scoring path."""
     x = torch.tensor([ids], device=tr.device)
     with torch.no_grad():
-        if tr.critic is not None:
-            return float(tr.critic.model(input_ids=x).logits[0, -1, 0])
-        hidden = trunk(tr.policy.lm)(input_ids=x).last_hidden_state[0, -1]
-        return float(tr.policy.value_head(hidden.to(tr.policy.value_head.weight.dtype)).squeeze(-1))
+        if tr.models.critic is not None:
+            return float(tr.models.critic.model(input_ids=x).logits[0, -1, 0])
+        hidden = trunk(tr.models.policy.lm)(input_ids=x).last_hidden_state[0, -1]
+        return float(tr.models.policy.value_head(hidden.to(tr.models.policy.value_head.weight.dtype)).squeeze(-1))
 
 
 @pytest.mark.parametrize("critic", ["separate", "shared"])
@@ -77,7 +77,7 @@ def test_the_turn_limit_bootstraps_from_v_after_the_trailing_observation(tmp_pat
                       algo__bootstrap_truncated=True, algo__gamma=1.0, algo__gae_lambda=1.0, algo__kl_coef=0.0,
                       algo__whiten_advantages=False)
     # a critic that is not zero: V depends on the context, so where it is read matters
-    head = scalar_head(tr.critic.model) if tr.critic is not None else tr.policy.value_head
+    head = scalar_head(tr.models.critic.model) if tr.models.critic is not None else tr.models.policy.value_head
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         head.weight.copy_(torch.randn(head.weight.shape, generator=g))
@@ -85,7 +85,7 @@ def test_the_turn_limit_bootstraps_from_v_after_the_trailing_observation(tmp_pat
             head.bias.fill_(0.25)
     b = tr.rollout(1)
     assert not bool(b.terminated.any()) and b.episode_info["turns"].tolist() == [2] * b.size
-    tok = tr.tokenizer
+    tok = tr.models.tokenizer
     want, wrong = [], []
     for i in range(b.size):
         runs = action_runs(b, i)
@@ -139,7 +139,7 @@ def test_critic_free_estimators_see_the_episode_total(tmp_path, env_file, estima
                       rollout__num_prompts=2, algo__gamma=1.0, algo__kl_coef=0.0)
     b = tr.rollout(1)
     assert b.episode_info["turns"].tolist() == [3] * b.size
-    tok, stops = tr.tokenizer, set(tr.sampling.stop_token_ids)
+    tok, stops = tr.models.tokenizer, set(tr.sampler.sampling.stop_token_ids)
     # each turn's reward from the text the environment got: the turn's sampled ids, stop token aside
     turn_rewards, tokens = [], []
     for i in range(b.size):

@@ -176,14 +176,14 @@ def test_the_trainer_applies_the_correction_it_names(tmp_path):
     tight = tiny_config(tmp_path / "b", algo__off_policy_correction="sequence-mask", algo__is_band_low=1.0,
                         algo__is_band_high=1.0, **kw)
     tr = PPOTrainer(tight, verifier=count_sevens)
-    before = {k: v.detach().clone() for k, v in tr.policy.named_parameters()}
+    before = {k: v.detach().clone() for k, v in tr.models.policy.named_parameters()}
     batch = tr.rollout(1)
     exact = torch.equal(batch.logp_old.where(batch.response_mask, 0), batch.logp_behaviour.where(batch.response_mask, 0))
     m = tr.learn(batch, 1).metrics
     if not exact:  # rounding differs somewhere in every response: every response is masked
         assert m["off_policy_cut_frac"] > 0
     if m["off_policy_cut_frac"] == 1:
-        moved = [k for k, v in tr.policy.named_parameters() if "value_head" not in k and not torch.equal(v, before[k])]
+        moved = [k for k, v in tr.models.policy.named_parameters() if "value_head" not in k and not torch.equal(v, before[k])]
         assert not moved, moved[:3]
 
 

@@ -62,7 +62,7 @@ def test_the_stages_and_ppo_share_the_schedule(tmp_path):
                       optim__actor_lr=1e-3, optim__weight_decay=0.01)
     tr = PPOTrainer(cfg, verifier=length_reward)
     assert tr.train_iteration(1).metrics["lr_actor"] == pytest.approx(1e-3 * 2 / 4)  # its 2nd step: (1+1)/4
-    groups = tr.learner.actor_opt.param_groups
+    groups = tr.training.learner.actor_opt.param_groups
     assert {g["weight_decay"] for g in groups} == {0.01, 0.0}
     assert all(p.ndim < 2 for g in groups if g["weight_decay"] == 0.0 for p in g["params"])
-    assert isinstance(tr.learner.actor_sched, torch.optim.lr_scheduler.LambdaLR)
+    assert isinstance(tr.training.learner.actor_sched, torch.optim.lr_scheduler.LambdaLR)

@@ -104,7 +104,7 @@ def test_the_source_plays_the_plan_and_stamps_the_weights_version(tmp_path):
         assert [x.row for x in t.trajectories] == [r for r in tr.plan.rows_for(k) for _ in range(2)]
         assert {x.version for x in t.trajectories} == {k - 1}  # on policy: sampled by the previous update
 
-    source = SyncSource(tr.producer, lambda k: Request(tr.plan.rows_for(k)), samples=1, sampling=tr.sampling,
+    source = SyncSource(tr.sampler.producer, lambda k: Request(tr.plan.rows_for(k)), samples=1, sampling=tr.sampler.sampling,
                         generator=torch.Generator().manual_seed(0))
     got = source.take(3)
     assert len(got) == 4 and got.iteration == 3 and {x.version for x in got.trajectories} == {2}
@@ -131,5 +131,5 @@ def test_episodes_carry_the_samplers_logprobs_which_can_be_logp_old(tmp_path):
         tr.source.close()
     assert torch.equal(batch.logp_old, batch.logp_behaviour.where(batch.action_mask, 0))
     with torch.no_grad():
-        forward = tr.policy(batch.input_ids, batch.attention_mask, batch.prompt_width)["logp"]
+        forward = tr.models.policy(batch.input_ids, batch.attention_mask, batch.prompt_width)["logp"]
     assert float((forward - batch.logp_old).abs()[batch.action_mask].max()) < 1e-5

@@ -46,7 +46,7 @@ def test_weighted_sum_of_verifiers_from_a_spec(tmp_path, reward_file):
 def test_verifiers_from_python_and_their_names(tmp_path):
     tr = PPOTrainer(tiny_config(tmp_path / "run", model__reward_weights=[2.0, 1.0, 1.0]),
                     verifier=[count_sevens, length_reward, length_reward])
-    assert [(t.name, t.weight) for t in tr.rewards] == [("count_sevens", 2.0), ("length_reward_2", 1.0),
+    assert [(t.name, t.weight) for t in tr.models.rewards] == [("count_sevens", 2.0), ("length_reward_2", 1.0),
                                                         ("length_reward_3", 1.0)]
     b = tr.rollout(1)
     assert torch.allclose(b.scores, 2 * b.score_terms["count_sevens"] + 2 * b.score_terms["length_reward_2"])
@@ -67,7 +67,7 @@ def test_a_reward_model_and_a_verifier(tmp_path):
     assert torch.equal(alone.input_ids, both.input_ids)  # rewards do not change the samples
     assert torch.allclose(both.score_terms["rm"], alone.scores, atol=1e-6)
     assert torch.allclose(both.scores, 0.5 * both.score_terms["rm"] + both.score_terms["equations"], atol=1e-6)
-    assert any(term.model is not None for term in tr.rewards)  # a separate critic can start from it
+    assert any(term.model is not None for term in tr.models.rewards)  # a separate critic can start from it
 
 
 def test_reward_list_errors_come_before_any_model(tmp_path, capsys, reward_file):

@@ -80,7 +80,7 @@ def test_an_auto_response_limit_leaves_half_the_context_and_respects_min_new_tok
 
 
 def _optimiser_rates(trainer) -> tuple[float, float]:
-    return (trainer.learner.actor_opt.param_groups[0]["lr"], trainer.learner.critic_opt.param_groups[0]["lr"])
+    return (trainer.training.learner.actor_opt.param_groups[0]["lr"], trainer.training.learner.critic_opt.param_groups[0]["lr"])
 
 
 def test_the_builtin_model_trains_with_the_small_rates_and_the_banner_says_so(tmp_path, capsys):
@@ -89,7 +89,7 @@ def test_the_builtin_model_trains_with_the_small_rates_and_the_banner_says_so(tm
     cfg = tiny_config(tmp_path / "run")
     cfg.optim.actor_lr = cfg.optim.critic_lr = cfg.rollout.max_new_tokens = "auto"
     trainer = PPOTrainer(cfg)
-    assert _optimiser_rates(trainer) == (3e-4, 1e-3) and trainer.sampling.max_new_tokens == 8
+    assert _optimiser_rates(trainer) == (3e-4, 1e-3) and trainer.sampler.sampling.max_new_tokens == 8
     out = capsys.readouterr().out
     assert ("auto      optim.actor_lr 3e-4 · optim.critic_lr 1e-3 · rollout.max_new_tokens 8 · "
             "algo.bootstrap_truncated true · optim.micro_batch_size 0 (policy of") in out
@@ -114,7 +114,7 @@ def test_a_model_past_the_bound_trains_with_the_large_rates(tmp_path, capsys):
                       optim__epochs=1)
     trainer = PPOTrainer(cfg, policy=lm, tokenizer=tok)
     assert _optimiser_rates(trainer) == (1e-6, 1e-4)
-    assert trainer.sampling.max_new_tokens == 32  # half the 64-token context
+    assert trainer.sampler.sampling.max_new_tokens == 32  # half the 64-token context
     assert trainer.cfg.algo.bootstrap_truncated is False
     out = capsys.readouterr().out
     assert "optim.critic_lr 1e-4 · rollout.max_new_tokens 32 · algo.bootstrap_truncated false" in out

@@ -101,12 +101,12 @@ def test_gae_consumes_steps_on_their_tokens(tmp_path):
     # the untrained model) decode to nothing: character j is the j-th token that decodes to a character
     for i, r in enumerate(batch.responses):
         ids = batch.input_ids[i, batch.prompt_width:][batch.response_mask[i]].tolist()
-        chars = [t for t, x in enumerate(ids) if tr.tokenizer.decode([x], skip_special_tokens=True)]
+        chars = [t for t, x in enumerate(ids) if tr.models.tokenizer.decode([x], skip_special_tokens=True)]
         want = torch.zeros(batch.response_mask.shape[1])
         want[[chars[j] for j, c in enumerate(r) if c.islower()]] = 0.5
         assert torch.equal(batch.step_rewards[i], want)
     done = tr.learn(batch, 1)
-    beta = tr.kl_ctl.value
+    beta = tr.training.kl_ctl.value
     want_r = shape_rewards(batch.scores, batch.logp_old, batch.logp_ref, batch.response_mask, kl_coef=beta)
     want_r = want_r + batch.step_rewards.where(batch.response_mask, 0)
     assert torch.allclose(done.targets.rewards, want_r, atol=1e-6)
@@ -197,7 +197,7 @@ def test_random_steps_round_trip_through_the_rollout(tmp_path):
     b = tr.rollout(1)
     for i, r in enumerate(b.responses):
         ids = b.input_ids[i, b.prompt_width:][b.response_mask[i]].tolist()
-        chars = [t for t, x in enumerate(ids) if tr.tokenizer.decode([x], skip_special_tokens=True)]
+        chars = [t for t, x in enumerate(ids) if tr.models.tokenizer.decode([x], skip_special_tokens=True)]
         want = torch.zeros(b.response_mask.shape[1])
         if r:
             for _ in range(3):

@@ -47,10 +47,10 @@ def test_logp_old_matches_training_forward_on_a_minibatch(tmp_path):
     batch = tr.rollout(1)
     assert not batch.terminated.all(), "want a mix of terminated and truncated rows"
     mb = batch.select(torch.tensor([3, 0, 7, 12, 5]))  # another batch size and width than the rollout
-    out = tr.policy(mb.input_ids, mb.attention_mask, mb.prompt_width)
+    out = tr.models.policy(mb.input_ids, mb.attention_mask, mb.prompt_width)
     diff = (out["logp"] - mb.logp_old).where(mb.response_mask, 0).abs().max()
     assert float(diff.detach()) < 1e-5
-    values = tr.critic(mb.input_ids, mb.attention_mask, mb.prompt_width)
+    values = tr.models.critic(mb.input_ids, mb.attention_mask, mb.prompt_width)
     assert float((values[:, :-1] - mb.values_old).where(mb.response_mask, 0).abs().max().detach()) < 1e-5
 
 
@@ -58,20 +58,20 @@ def test_logp_old_matches_training_forward_on_a_minibatch(tmp_path):
 def test_both_critics_train(tmp_path, critic):
     cfg = tiny_config(tmp_path, iterations=3, model__critic=critic, rollout__num_prompts=16)
     tr = PPOTrainer(cfg, verifier=count_sevens)
-    head = tr.policy.value_head if critic == "shared" else tr.critic.model.score
+    head = tr.models.policy.value_head if critic == "shared" else tr.models.critic.model.score
     before = head.weight.detach().clone()
     history = tr.train()
     assert not torch.equal(before, head.weight.detach())
     assert all(m["value_loss"] >= 0 for m in history)
     assert "explained_variance" in history[-1] and "grad_norm_critic" in history[-1]
     if critic == "shared":
-        assert tr.critic is None
+        assert tr.models.critic is None
 
 
 def test_critic_free_estimators_build_no_critic(tmp_path):
     cfg = tiny_config(tmp_path, algo__estimator="reinforce++")
     tr = PPOTrainer(cfg, verifier=count_sevens)
-    assert tr.critic is None and tr.policy.value_head is None
+    assert tr.models.critic is None and tr.models.policy.value_head is None
     m = tr.train_iteration(1).metrics
     assert "value_loss" not in m and m["policy_loss"] == m["policy_loss"]
 
@@ -79,13 +79,13 @@ def test_critic_free_estimators_build_no_critic(tmp_path):
 def test_critic_warmup_freezes_policy(tmp_path):
     cfg = tiny_config(tmp_path, optim__critic_warmup_iterations=1)
     tr = PPOTrainer(cfg, verifier=lambda prompts, responses, **kw: [1.0] * len(prompts))
-    before = [p.detach().clone() for p in tr.policy.lm.parameters()]
-    critic_before = tr.critic.model.score.weight.detach().clone()
+    before = [p.detach().clone() for p in tr.models.policy.lm.parameters()]
+    critic_before = tr.models.critic.model.score.weight.detach().clone()
     tr.train_iteration(1)
-    assert all(torch.equal(a, b) for a, b in zip(before, tr.policy.lm.parameters()))
-    assert not torch.equal(critic_before, tr.critic.model.score.weight)
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.models.policy.lm.parameters()))
+    assert not torch.equal(critic_before, tr.models.critic.model.score.weight)
     tr.train_iteration(2)
-    assert not all(torch.equal(a, b) for a, b in zip(before, tr.policy.lm.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(before, tr.models.policy.lm.parameters()))
 
 
 def _metrics(path):
@@ -121,10 +121,10 @@ def test_checkpoint_round_trip_through_from_pretrained(tmp_path):
     lm = AutoModelForCausalLM.from_pretrained(path / "policy")
     critic = AutoModelForTokenClassification.from_pretrained(path / "critic")
     tok = AutoTokenizer.from_pretrained(path / "policy")
-    assert tok.pad_token_id == tr.tokenizer.pad_token_id
-    for (n, p), q in zip(tr.policy.lm.state_dict().items(), lm.state_dict().values()):
+    assert tok.pad_token_id == tr.models.tokenizer.pad_token_id
+    for (n, p), q in zip(tr.models.policy.lm.state_dict().items(), lm.state_dict().values()):
         assert torch.equal(p, q), n
-    for p, q in zip(tr.critic.model.state_dict().values(), critic.state_dict().values()):
+    for p, q in zip(tr.models.critic.model.state_dict().values(), critic.state_dict().values()):
         assert torch.equal(p, q)
 
 

@@ -50,8 +50,8 @@ def test_micro_batches_give_the_full_minibatch_gradient(tmp_path):
         cfg.rollout.stop_tokens = list("0123456789")  # varied lengths
         tr = PPOTrainer(cfg, verifier=length_reward)
         tr.train_iteration(1)
-        return {k: v.detach().clone() for k, v in tr.policy.state_dict().items()} | {
-            f"c.{k}": v.detach().clone() for k, v in tr.critic.state_dict().items()}
+        return {k: v.detach().clone() for k, v in tr.models.policy.state_dict().items()} | {
+            f"c.{k}": v.detach().clone() for k, v in tr.models.critic.state_dict().items()}
 
     full, accumulated = run(0), run(1)
     for k in full:
@@ -88,8 +88,8 @@ def test_update_groups_rows_by_length_with_the_same_gradient(tmp_path, monkeypat
 
     def updated(tr):
         tr.learn(batch, 1)
-        return {k: v.detach().clone() for k, v in tr.policy.state_dict().items()} | {
-            f"c.{k}": v.detach().clone() for k, v in tr.critic.state_dict().items()}
+        return {k: v.detach().clone() for k, v in tr.models.policy.state_dict().items()} | {
+            f"c.{k}": v.detach().clone() for k, v in tr.models.critic.state_dict().items()}
 
     grouped = updated(tr)
     monkeypatch.setattr(actor_critic, "PACKING", False)
@@ -109,9 +109,9 @@ def test_logp_from_sampler_skips_the_policy_scoring_forward(tmp_path, monkeypatc
     cfg.rollout.stop_tokens = list("0123456789")
     tr = PPOTrainer(cfg, verifier=length_reward)
     batch = tr.rollout(1)
-    assert calls and all(m is tr.ref for m in calls)  # the reference's forwards only
+    assert calls and all(m is tr.models.ref for m in calls)  # the reference's forwards only
     with torch.no_grad():
-        ref = tr.policy(batch.input_ids, batch.attention_mask, batch.prompt_width)["logp"]
+        ref = tr.models.policy(batch.input_ids, batch.attention_mask, batch.prompt_width)["logp"]
     assert float((batch.logp_old - ref).abs()[batch.response_mask].max()) < 1e-5
     metrics = tr.learn(batch, 1).metrics
     assert abs(metrics["ratio_max"] - 1) < 1e-4
@@ -137,7 +137,7 @@ def test_ratio_max_is_the_maximum_over_the_whole_update(tmp_path, monkeypatch):
 
 
 def _policy_weights(tr):
-    return [p.detach().clone() for p in tr.policy.lm.parameters()]
+    return [p.detach().clone() for p in tr.models.policy.lm.parameters()]
 
 
 def test_kl_loss_uses_the_controllers_beta(tmp_path):
@@ -150,10 +150,10 @@ def test_kl_loss_uses_the_controllers_beta(tmp_path):
         batch = tr.rollout(1)
         torch.manual_seed(1)
         with torch.no_grad():  # a policy away from the reference, so the KL term has a gradient
-            for p in tr.policy.lm.parameters():
+            for p in tr.models.policy.lm.parameters():
                 p.add_(0.05 * torch.randn_like(p))
         if forced_beta is not None:
-            tr.kl_ctl.value = forced_beta
+            tr.training.kl_ctl.value = forced_beta
         tr.learn(batch, 1)
         return _policy_weights(tr)
 
@@ -189,7 +189,7 @@ def test_grpo_default_kl_changes_the_update(tmp_path):
         batch = tr.rollout(1)
         torch.manual_seed(1)
         with torch.no_grad():
-            for p in tr.policy.lm.parameters():
+            for p in tr.models.policy.lm.parameters():
                 p.add_(0.05 * torch.randn_like(p))
         tr.learn(batch, 1)
         return _policy_weights(tr)
@@ -268,7 +268,7 @@ def test_gradient_checkpointing_flag_trains_the_same(tmp_path):
     for flag in (False, True):
         cfg = tiny_config(tmp_path / str(flag), model__cpu_lanes=1, model__gradient_checkpointing=flag)
         tr = PPOTrainer(cfg, verifier=length_reward)
-        assert is_checkpointed(tr.policy.lm) is flag and is_checkpointed(tr.critic.model) is flag
+        assert is_checkpointed(tr.models.policy.lm) is flag and is_checkpointed(tr.models.critic.model) is flag
         runs[flag] = tr.train_iteration(1).metrics
     for k, v in runs[False].items():
         if not k.endswith(("_s", "_per_s")):
@@ -280,7 +280,7 @@ def _one_iteration(tmp_path, name, **overrides):
     trainer = PPOTrainer(cfg, verifier=length_reward)
     trainer.train()
     steps = lambda opt: int(next(iter(opt.state.values()))["step"])  # noqa: E731
-    return trainer, steps(trainer.learner.actor_opt), steps(trainer.learner.critic_opt)
+    return trainer, steps(trainer.training.learner.actor_opt), steps(trainer.training.learner.critic_opt)
 
 
 def test_critic_epochs_give_the_critic_its_own_passes_and_leave_the_other_model_as_it_was(tmp_path):
@@ -292,8 +292,8 @@ def test_critic_epochs_give_the_critic_its_own_passes_and_leave_the_other_model_
     fewer, a2, c2 = _one_iteration(tmp_path, "actor3", optim__epochs=3, optim__critic_epochs=1)
     assert (a0, c0) == (2, 2) and (a1, c1) == (2, 6) and (a2, c2) == (6, 2)  # optimiser steps: 2 minibatches
     same = lambda m1, m2: all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))  # noqa: E731
-    assert same(base.policy, more.policy) and not same(base.critic, more.critic)
-    assert same(base.critic, fewer.critic) and not same(base.policy, fewer.policy)
+    assert same(base.models.policy, more.models.policy) and not same(base.models.critic, more.models.critic)
+    assert same(base.models.critic, fewer.models.critic) and not same(base.models.policy, fewer.models.policy)
 
 
 @pytest.mark.parametrize("field", ["critic_epochs", "critic_warmup_iterations"])
@@ -322,7 +322,7 @@ def test_a_truncated_response_ends_its_return_unless_bootstrapped(tmp_path, boot
     tr = PPOTrainer(cfg, verifier=length_reward)
     torch.manual_seed(0)
     with torch.no_grad():  # a zero value head would make V_old(x_{l+1}) = 0 either way
-        for name, p in tr.critic.named_parameters():
+        for name, p in tr.models.critic.named_parameters():
             if "score" in name:
                 p.normal_(0.0, 0.5)
     batch = tr.rollout(1)
@@ -354,13 +354,13 @@ def test_the_bootstrap_switch_changes_nothing_where_no_response_is_cut(tmp_path)
         tr = PPOTrainer(cfg, verifier=length_reward)
         torch.manual_seed(0)
         with torch.no_grad():  # a nonzero head, so that V_old(x_{l+1}) would move the targets if it were used
-            for name, p in tr.critic.named_parameters():
+            for name, p in tr.models.critic.named_parameters():
                 if "score" in name:
                     p.normal_(0.0, 0.5)
         batch = tr.rollout(1)
         batch = dataclasses.replace(batch, terminated=torch.ones_like(batch.terminated))
         assert bool((batch.bootstrap_values.abs() > 1e-3).any())
         tr.learn(batch, 1)
-        models.append((tr.policy, tr.critic))
+        models.append((tr.models.policy, tr.models.critic))
     for m1, m2 in zip(*models):
         assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))

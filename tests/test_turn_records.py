@@ -68,8 +68,8 @@ def _check_turns(run, tr, observation: str) -> list[dict]:
     environment returned for the text its sampled ids decode to (the stop token aside, as the
     environment got it), and the observation (``observation``, "" for none) sits between them.
     Returns the credit records."""
-    tok = tr.tokenizer
-    stops = set(tr.sampling.stop_token_ids)
+    tok = tr.models.tokenizer
+    stops = set(tr.sampler.sampling.stop_token_ids)
     credit, samples = _lines(run / "credit.jsonl"), _lines(run / "samples.jsonl")
     assert len(credit) == len(samples) == EPISODES
     for rec, sample in zip(credit, samples):

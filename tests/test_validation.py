@@ -141,7 +141,7 @@ def test_a_missing_or_stop_token_pad_is_replaced_by_a_free_special_token(tmp_pat
     tok = build_tokenizer()
     tok.pad_token = tok.eos_token
     tr = PPOTrainer(tiny_config(tmp_path / "a"), tokenizer=tok, verifier=count_sevens)
-    assert tr.tokenizer.pad_token == "<pad>"
+    assert tr.models.tokenizer.pad_token == "<pad>"
     assert "pad token '<eos>', a stop token; padding with the free special token '<pad>'" in capsys.readouterr().out
     tok2 = build_tokenizer()
     tok2.pad_token = None
@@ -202,10 +202,10 @@ def test_nonfinite_gradient_of_a_finite_loss_is_skipped(tmp_path, monkeypatch):
         return loss + (logp.sum() * 0).abs().sqrt(), stats
 
     monkeypatch.setitem(POLICY_LOSSES, "ppo", nan_gradient)
-    before = [p.detach().clone() for p in tr.policy.lm.parameters()]
+    before = [p.detach().clone() for p in tr.models.policy.lm.parameters()]
     metrics = tr.learn(tr.rollout(1), 1).metrics
     assert metrics["nonfinite_skipped_total"] == 4  # 2 epochs × 2 minibatches
-    after = list(tr.policy.lm.parameters())
+    after = list(tr.models.policy.lm.parameters())
     assert all(torch.equal(a, b) for a, b in zip(before, after))
     assert "policy_loss" not in metrics and "grad_norm_actor" not in metrics
 
@@ -249,11 +249,11 @@ def test_nonfinite_loss_is_skipped_then_stops(tmp_path, monkeypatch):
         calls["n"] += 1
         return loss * torch.tensor(float("nan")), stats
 
-    before = [p.detach().clone() for p in tr.policy.lm.parameters()]
+    before = [p.detach().clone() for p in tr.models.policy.lm.parameters()]
     monkeypatch.setitem(POLICY_LOSSES, "ppo", nan_loss)
     with pytest.raises(NonFiniteLossError, match="non-finite"):
         tr.train()
-    assert all(torch.equal(a, b) for a, b in zip(before, tr.policy.lm.parameters()))  # nothing applied
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.models.policy.lm.parameters()))  # nothing applied
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines() if (tmp_path / "metrics.jsonl").exists() else []
     assert len(rows) == 0  # it stopped within the first iteration (2 minibatches × 2 epochs all skipped)
 

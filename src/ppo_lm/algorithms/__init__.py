@@ -23,6 +23,7 @@ from .kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
+    episode_returns,
     kl_loss_per_token,
     kl_penalty,
     shape_rewards,
@@ -52,6 +53,7 @@ from .registry import (
 from .stats import StatsAggregator, UpdateStats
 
 __all__ = [
+    "episode_returns",
     "ADVANTAGE_ESTIMATORS",
     "AGG_MODES",
     "KL_ESTIMATORS",

@@ -78,6 +78,15 @@ def shape_rewards(
     return rewards.scatter_add(1, last, scores.to(rewards.dtype).unsqueeze(1))
 
 
+def episode_returns(scores: Tensor, step_rewards: Tensor | None, mask: Tensor) -> Tensor:
+    """(B,) each episode's total reward without the KL: its score plus its step rewards on the sampled
+    tokens ``mask`` (B, T) — a multi-turn episode's earlier turns, a reward's process steps; the scores
+    alone without step rewards. What the critic-free estimators compare within a group (docs/algorithm.md §3)."""
+    if step_rewards is None:
+        return scores
+    return scores + step_rewards.where(mask.bool(), 0).sum(1)
+
+
 def kl_loss_per_token(
     logp: Tensor, logp_ref: Tensor, mask: Tensor, kind: str = "k3", *, clamp: float | None = None
 ) -> tuple[Tensor, Tensor]:

@@ -98,7 +98,7 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
     workload's policy and prompt batch (B × P prompts, exactly R sampled tokens, temperature 1)."""
     from ..rollout.sample.sampling import SamplingParams
 
-    tok, lm = trainer.tokenizer, trainer.policy.lm
+    tok, lm = trainer.models.tokenizer, trainer.models.policy.lm
     R = shape.response_len  # W1's sampling on either workload: exactly R tokens, EOS masked
     params = SamplingParams(max_new_tokens=R, min_new_tokens=R, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
     rows = trainer.plan.rows_for(1)
@@ -115,7 +115,7 @@ def compare_generate(trainer, shape: Shape, repeats: int = 2) -> dict[str, float
                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
 
     def ours():
-        trainer.engine.generate(ids, mask, params, generator=torch.Generator(device=device).manual_seed(0))
+        trainer.sampler.engine.generate(ids, mask, params, generator=torch.Generator(device=device).manual_seed(0))
 
     out = {}
     for name, fn in (("hf_generate", hf), ("ppo_lm_generate", ours)):
@@ -263,9 +263,9 @@ def run_bench(workload: str = "w1", iterations: int = 3, threads: int = 2, json_
         "warmup_s": round(sum(m["iteration_s"] for m in history[:warmup]), 3),
         "build_s": round(build_s, 3),
         "compile_kernels": kernels.compiled(), "logp_from_sampler": logp_from_sampler,
-        "cpu_lanes": trainer.learner.lanes.lanes,
+        "cpu_lanes": trainer.training.learner.lanes.lanes,
         "max_staleness": max_staleness,
-        **({"producer_threads": trainer.source.threads} if max_staleness else {}),
+        **({"producer_threads": trainer.source.producer_threads} if max_staleness else {}),
         "lora_r": lora_r, "critic": critic.label(), "micro_batch_size": trainer.cfg.optim.micro_batch_size,
         "peak_rss_mb": round(rss_mb), **load,
         **({"policy": str(policy)} if policy is not None else {}),

@@ -256,8 +256,8 @@ def run_demo(cfg: DemoConfig) -> dict:
     # 3. PPO (GAE; `model.critic` auto: a value head on the policy at this size, config/sizing.py).
     console.print(f"[bold]{3 if cfg.rlhf else 2}. PPO[/] for {ppo.iterations} iterations × {ppo.rollout.num_prompts} prompts")
     trainer = PPOTrainer(ppo)
-    trainer.train(eval_fn=lambda it, tr: {"heldout_accuracy": accuracy(tr.policy.lm)}, eval_every=cfg.eval_every)
-    acc_after = accuracy(trainer.policy.lm)
+    trainer.train(eval_fn=lambda it, tr: {"heldout_accuracy": accuracy(tr.models.policy.lm)}, eval_every=cfg.eval_every)
+    acc_after = accuracy(trainer.models.policy.lm)
     wall = time.perf_counter() - t0
 
     plot_run(out / "ppo" / "metrics.jsonl", out / "diagnostics.png", title="ppo-lm demo: PPO on the equation task")

@@ -12,13 +12,16 @@ from ..rollout.score.batch import RolloutBatch
 from ..runtime import distributed as dist
 
 
-def off_policy_correction(batch: RolloutBatch, mask: Tensor, a: AlgoConfig) -> tuple[Tensor | None, dict[str, float]]:
+def off_policy_correction(batch: RolloutBatch, mask: Tensor, a: AlgoConfig, *, iteration: int, lagged: bool
+                          ) -> tuple[Tensor | None, dict[str, float]]:
     """``algo.off_policy_correction``'s weights (B, T) on the policy loss (None for none) — its mask part
     replaced by ``algo.off_policy_mask`` where set, with ``algo.is_veto`` — and its statistics over the
     whole batch: sums over every rank's tokens, so a rank with more tokens counts for more. 'none' chosen
-    explicitly logs the statistics of weights it leaves at 1 (what the staleness did)."""
+    explicitly logs the statistics of weights it leaves at 1 (what the staleness did). With ``lagged`` (an
+    asynchronous run) the statistics also say how stale the batch was (:func:`staleness_metrics`)."""
+    lag = staleness_metrics(batch, mask, iteration) if lagged and batch.versions is not None else {}
     if a.off_policy_correction is None:
-        return None, {}
+        return None, lag
     if batch.logp_behaviour is None:
         raise ValueError("an off-policy correction needs the sampler's log-probabilities (`logp_behaviour`)")
     none = a.off_policy_correction == "none"
@@ -26,7 +29,7 @@ def off_policy_correction(batch: RolloutBatch, mask: Tensor, a: AlgoConfig) -> t
     settings = CorrectionSettings(a.is_cap, a.is_band_low, a.is_band_high, None if none else a.is_veto)
     weights, sums = off_policy_weights(batch.logp_old, batch.logp_behaviour, mask, parts, settings)
     stats = sums.reduced(dist.all_reduce_sum, dist.all_reduce_max).metrics()
-    return (None if none else weights), stats
+    return (None if none else weights), {**stats, **lag}
 
 
 def staleness_metrics(batch: RolloutBatch, mask: Tensor, iteration: int) -> dict[str, float]:

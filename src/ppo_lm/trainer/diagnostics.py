@@ -5,25 +5,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..algorithms import explained_variance, kl_penalty, masked_mean_var
+from ..algorithms import episode_returns, explained_variance, kl_penalty, masked_mean_var
 from ..rollout.score.batch import RolloutBatch
 from ..runtime import distributed as dist
 from ..runtime.timing import Timer
 
 
-def episode_returns(batch: RolloutBatch) -> Tensor:
-    """(B,) what the critic-free estimators compare within a group: each episode's score plus its step
-    rewards (a multi-turn episode's earlier turns, or a reward's process steps), summed as the trainer
-    sums them for those estimators (trainer/ppo.py ``learn``); the scores alone without step rewards."""
-    if batch.step_rewards is None:
-        return batch.scores
-    return batch.scores + batch.step_rewards.where(batch.loss_mask, 0).sum(1)
-
-
 def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, returns: Tensor | None, *,
                     beta: float, kl_estimator: str, samples_per_prompt: int) -> dict[str, float]:
     """The rollout's diagnostics of docs/algorithm.md §4, global over ranks: scores (mean, spread, groups
-    without signal — equal :func:`episode_returns`, not just equal last scores — each reward term), KL,
+    without signal — equal :func:`~ppo_lm.algorithms.episode_returns`, not just equal last scores — each reward term), KL,
     lengths, truncation, advantages, and the critic's fit.
     ``rewards`` (B, T) shaped; ``advantages``, ``returns`` (B, T) from steps 2–3."""
     mask = batch.loss_mask  # the sampled tokens (a multi-turn episode's observations apart)
@@ -32,7 +23,7 @@ def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, re
     kl = kl_penalty(batch.logp_old, batch.logp_ref, kl_estimator).where(mask, 0).sum(1)
     scores = batch.scores.double().cpu()
     k = samples_per_prompt
-    groups = episode_returns(batch).double().cpu().view(-1, k)
+    groups = episode_returns(batch.scores, batch.step_rewards, batch.loss_mask).double().cpu().view(-1, k)
     equal_groups = (groups == groups[:, :1]).all(1).double().sum() if k > 1 else torch.zeros((), dtype=torch.double)
     sums = torch.stack([
         torch.tensor(float(batch.size)), batch.scores.sum().cpu(), rewards.sum().cpu(), kl.sum().cpu(),
@@ -72,7 +63,7 @@ def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, re
         m["steps_per_response"] = n_steps / n
     if batch.episode_info is not None:  # multi-turn episodes
         info = batch.episode_info
-        turn_rewards = episode_returns(batch).sum()  # every turn's reward
+        turn_rewards = episode_returns(batch.scores, batch.step_rewards, batch.loss_mask).sum()  # every turn's reward
         sums = torch.stack([info["turns"].sum().cpu(), info["observation_tokens"].sum().cpu(),
                             info["context_truncated"].sum().cpu(), batch.terminated.sum().cpu(),
                             turn_rewards.cpu()]).double()

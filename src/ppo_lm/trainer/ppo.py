@@ -20,6 +20,7 @@ from ..algorithms import (
     assume_valid_masks,
     check_response_mask,
     compute_advantages,
+    episode_returns,
     get_advantage_estimator,
     shape_rewards,
     whiten,
@@ -37,9 +38,10 @@ from ..runtime.files import OutputDirLock
 from ..runtime.timing import Timer
 from . import credit
 from .assemble import assemble
+from .banner import banner
 from .checkpoint.state import load_checkpoint, save_checkpoint
-from .correction import off_policy_correction, staleness_metrics
-from .diagnostics import episode_returns, rollout_metrics, throughput
+from .correction import off_policy_correction
+from .diagnostics import rollout_metrics, throughput
 from .evaluation import held_out_metrics
 from .preflight import preflight
 from .update import UpdateBatch, count_nonfinite, ppo_update
@@ -76,17 +78,11 @@ class PPOTrainer:
         self.rank, self.world = dist.rank(), dist.world_size()
         self.output_dir = Path(self.cfg.output_dir)
         self.estimator = get_advantage_estimator(self.cfg.algo.estimator)
-        # the parts (trainer/assemble.py), and by name what the loop reads of them
+        # the parts (trainer/assemble.py): the loop reads each through the part that holds it
         self.models, self.sampler, self.training = parts.models, parts.sampler, parts.training
         self.plan, self.source, self.scoring, self.held_out = parts.plan, parts.source, parts.scoring, parts.held_out
-        m, t = parts.models, parts.training
-        self.tokenizer, self.policy, self.ref, self.critic, self.rewards = m.tokenizer, m.policy, m.ref, m.critic, m.rewards
-        self.engine, self.producer, self.sampling = parts.sampler.engine, parts.sampler.producer, parts.sampler.sampling
-        self.learner, self.kl_ctl, self.state, self.run_state = t.learner, t.kl_ctl, t.state, t.run_state
-        self.sample_gen, self.shuffle_gen = t.sample_gen, t.shuffle_gen
-        self.scoring_models = m.for_scoring()
         self.warned_no_signal = False
-        console.say(console.banner(self))
+        console.say(banner(self))
 
     # ------------------------------------------------------------------------------------------
     def train_iteration(self, iteration: int) -> Iteration:
@@ -97,12 +93,11 @@ class PPOTrainer:
         batch = self.rollout(iteration, timer)
         done = self.learn(batch, iteration, timer)
         with timer("publish_s"):  # an asynchronous learner may wait here for its producer: in iteration_s
-            self.engine.update_weights(iteration)  # the weights after this iteration's update
-            self.source.publish(iteration)
-        producer = self.source.producer_metrics(iteration)  # an asynchronous producer's own clock
+            self.source.publish(iteration)  # the weights after this iteration's update, to whatever samples
+        report = self.source.metrics(iteration)  # an asynchronous producer's own clock, the waits
         done.metrics.update(throughput(timer, batch.loss_mask, batch.size * self.world, epochs=self.cfg.optim.epochs,
                                        asynchronous=bool(self.cfg.rollout.max_staleness),
-                                       sampled_s=producer.get("producer_decode_s")), **producer)
+                                       sampled_s=report.get("producer_decode_s")), **report)
         return done
 
     def rollout(self, iteration: int, timer: Timer | None = None) -> RolloutBatch:
@@ -117,15 +112,15 @@ class PPOTrainer:
 
     def score(self, trajectories: TrajectoryBatch) -> RolloutBatch:
         """Trajectories → the rollout batch: every model's forward over them, then the reward."""
-        return score_trajectories(self.scoring_models, self.tokenizer, trajectories, self.scoring, device=self.device,
-                                  lanes=self.learner.lanes)
+        return score_trajectories(self.models.for_scoring(), self.models.tokenizer, trajectories, self.scoring, device=self.device,
+                                  lanes=self.training.learner.lanes)
 
     def learn(self, batch: RolloutBatch, iteration: int, timer: Timer | None = None) -> Iteration:
         """Steps 2–5 on this rank's share of a rollout; statistics are global over ranks. ``timer``: the
         one the rollout was timed with; :meth:`train_iteration` adds the rates once it has published."""
         cfg, a = self.cfg, self.cfg.algo
         timer = timer if timer is not None else Timer()
-        beta = self.kl_ctl.value
+        beta = self.training.kl_ctl.value
         if not a.bootstrap_truncated and batch.bootstrap_values is not None:
             # the reward scored a cut response as it stands: nothing follows it, so V after it is 0
             batch = dataclasses.replace(batch, bootstrap_values=torch.zeros_like(batch.bootstrap_values))
@@ -141,7 +136,7 @@ class PPOTrainer:
                 #    tokens for a critic; the critic-free estimators see the episode total.
                 scores, steps = batch.scores, batch.step_rewards
                 if steps is not None and not self.estimator.needs_critic:
-                    scores, steps = episode_returns(batch), None
+                    scores, steps = episode_returns(batch.scores, batch.step_rewards, mask), None
                 rewards = shape_rewards(scores, batch.logp_old, batch.logp_ref, mask, kl_coef=reward_beta,
                                         kl_estimator=a.kl_estimator, step_rewards=steps)
                 critic_rewards = None
@@ -164,31 +159,30 @@ class PPOTrainer:
                     advantages = whiten(advantages, mask, all_reduce=dist.all_reduce_sum)
 
                 # 3b. An off-policy correction (docs/algorithm.md §1.6): per-token weights on the policy loss
-                #     for what π_behav sampled and the update clips against π_prox = π_old.
-                is_weights, off_policy = off_policy_correction(batch, mask, a)
+                #     for what π_behav sampled and the update clips against π_prox = π_old; its statistics.
+                is_weights, off_policy = off_policy_correction(batch, mask, a, iteration=iteration,
+                                                               lagged=bool(cfg.rollout.max_staleness))
 
             # 4. K epochs of minibatch updates on the fixed rollout.
             with timer("update_s"):
-                upd = ppo_update(self.learner, UpdateBatch.of(batch, advantages, returns, is_weights), cfg, self.shuffle_gen,
+                upd = ppo_update(self.training.learner, UpdateBatch.of(batch, advantages, returns, is_weights), cfg, self.training.shuffle_gen,
                                  train_policy=iteration > cfg.optim.critic_warmup_iterations,
                                  kl_coef=beta if a.kl_in == "loss" else 0.0,
-                                 nonfinite_in_row=self.state.nonfinite_in_row)
-        count_nonfinite(upd, self.state, self.cfg.optim.max_nonfinite_in_row, iteration)
+                                 nonfinite_in_row=self.training.state.nonfinite_in_row)
+        count_nonfinite(upd, self.training.state, self.cfg.optim.max_nonfinite_in_row, iteration)
 
         # 5. Diagnostics over the global batch, then the KL controller sees this batch's KL.
         metrics = rollout_metrics(batch, rewards, advantages, returns, beta=beta, kl_estimator=a.kl_estimator,
                                   samples_per_prompt=cfg.rollout.samples_per_prompt)
         if metrics["score_min"] == metrics["score_max"] and not metrics.get("steps_per_response"):
             self._warn_no_signal(metrics["score_max"])
-        metrics.update(off_policy)
-        if cfg.rollout.max_staleness and batch.versions is not None:  # how old the sampling weights were
-            metrics.update(staleness_metrics(batch, mask, iteration), **self.source.waited)
+        metrics.update(off_policy)  # and, asynchronous, how old the sampling weights were
         metrics.update(upd.stats.as_dict())
         metrics["lr_actor"] = upd.lr_actor
         if upd.lr_critic is not None:
             metrics["lr_critic"] = upd.lr_critic
-        metrics["nonfinite_skipped_total"] = float(self.state.nonfinite_total)
-        self.kl_ctl.update(metrics["ref_kl"], batch.size * self.world)
+        metrics["nonfinite_skipped_total"] = float(self.training.state.nonfinite_total)
+        self.training.kl_ctl.update(metrics["ref_kl"], batch.size * self.world)
         targets = credit.CreditTargets(rewards, raw_advantages, advantages, returns, reward_beta)
         return Iteration(metrics, batch, targets)
 
@@ -232,8 +226,8 @@ class PPOTrainer:
         cfg = self.cfg
         start = 0
         if self.resuming:
-            start = load_checkpoint(self.run_state, self.output_dir)
-            self.engine.update_weights(start)
+            start = load_checkpoint(self.training.run_state, self.output_dir)
+            self.sampler.engine.update_weights(start)
             console.say(f"resumed from the checkpoint of iteration {start}")
             if start >= cfg.iterations:
                 if dist.is_main():
@@ -243,7 +237,7 @@ class PPOTrainer:
             if effective_algo(cfg.algo).kl_coef == 0:
                 # a run that computes no KL term (e.g. one saved with a reward KL its estimator ignored)
                 # must not pick one up from the β its checkpoint restored
-                self.kl_ctl.value = 0.0
+                self.training.kl_ctl.value = 0.0
             if dist.is_main():
                 for name in ("metrics.jsonl", "samples.jsonl", credit.CREDIT_FILE):
                     truncate_jsonl(self.output_dir / name, start)
@@ -261,7 +255,7 @@ class PPOTrainer:
             if logger:
                 logger.start(start)
             began = time.perf_counter()
-            self.source.start(start, self.run_state.restored)  # an asynchronous one: its producer process
+            self.source.start(start, self.training.run_state.restored)  # an asynchronous one: its producer process
             if self.held_out is not None and start == 0:  # the policy before training, as iteration 0
                 before = self.evaluate(0)
                 if logger:
@@ -278,9 +272,9 @@ class PPOTrainer:
                 if logger:
                     logger.log(it, metrics)
                 if cfg.log.sample_every and it % cfg.log.sample_every == 0:  # every rank: FSDP forwards are collective
-                    credit.log_samples(logger, it, done.batch, done.targets, self.policy, self.tokenizer, cfg)
+                    credit.log_samples(logger, it, done.batch, done.targets, self.models.policy, self.models.tokenizer, cfg)
                 if it == cfg.iterations or (cfg.log.save_every and it % cfg.log.save_every == 0):
-                    save_checkpoint(self.run_state, self.output_dir, it, cfg.log.keep_last)
+                    save_checkpoint(self.training.run_state, self.output_dir, it, cfg.log.keep_last)
         finally:
             self.source.close()  # the environments' workers: started again if the trainer goes on
             if logger:

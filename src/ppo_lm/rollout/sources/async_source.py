@@ -72,11 +72,11 @@ class AsyncSource:
             raise ValueError("an asynchronous source needs max_staleness ≥ 1 (0 is the synchronous source)")
         self.producer, self.plan, self.samples, self.sampling = producer, plan, samples, sampling
         self.k, self.seed_for, self.learner_lm = max_staleness, seed_for, learner_lm
-        self.last, self.device, self.threads = last, str(device), threads
+        self.last, self.device, self.producer_threads = last, str(device), threads
         self.stall_timeout_s, self.checkpoints, self.box_dir = stall_timeout_s, checkpoints, box_dir
         self._cv = threading.Condition()
         self._proc: subprocess.Popen | None = None
-        self.waited = {"learner_wait_s": 0.0, "producer_wait_s": 0.0}
+        self._waited = {"learner_wait_s": 0.0, "producer_wait_s": 0.0}
 
     # -- the learner's side -------------------------------------------------------------------
     def start(self, at: int, pending: list[TrajectoryBatch] = ()) -> None:
@@ -99,7 +99,7 @@ class AsyncSource:
         self.layout = self._box.layout
         try:
             spec = ProducerSpec(self.producer, self.plan, self.samples, self.sampling, self.lag, first, self.seed_for,
-                                self.device, self.threads, self._box.fd, self._box.layout, self.stall_timeout_s)
+                                self.device, self.producer_threads, self._box.fd, self._box.layout, self.stall_timeout_s)
             blob = pickle.dumps(spec)
             self._spawn(self._box.fd)
         finally:
@@ -114,15 +114,18 @@ class AsyncSource:
         with self._cv:
             return self._ready.pop(iteration)
 
-    def producer_metrics(self, iteration: int) -> dict[str, float]:
-        """How the producer sampled ``iteration``'s batch, on its own clock: ``producer_decode_s`` (sampling
-        and the environments) and ``producer_idle_s`` (waiting for the weights it needed); {} for a batch a
-        checkpoint kept."""
-        return self._timing.pop(iteration, {}) if self._proc is not None else {}
+    def metrics(self, iteration: int) -> dict[str, float]:
+        """How the producer sampled ``iteration``'s batch, on its own clock — ``producer_decode_s`` (sampling
+        and the environments) and ``producer_idle_s`` (waiting for the weights it needed), none for a batch a
+        checkpoint kept — and the seconds each side has waited on the other so far (``learner_wait_s``,
+        ``producer_wait_s``)."""
+        own = self._timing.pop(iteration, {}) if self._proc is not None else {}
+        return {**own, **self._waited}
 
     def publish(self, version: int) -> None:
         """The learner's weights after iteration ``version``, written into the box once the producer has
         copied the previous version out of it; nothing to write where no iteration left samples with it."""
+        self.producer.engine.update_weights(version)  # held-out evaluation samples here, with these
         if self._proc is None:
             return
         self._published = version
@@ -195,7 +198,7 @@ class AsyncSource:
         elif kind == "batch":
             self._ready[message[1].iteration] = message[1]
             self._timing[message[1].iteration] = message[2]
-            self.waited["producer_wait_s"] += message[2]["producer_idle_s"]
+            self._waited["producer_wait_s"] += message[2]["producer_idle_s"]
         elif kind == "done":
             self._finished = True
         elif kind == "error":
@@ -221,7 +224,7 @@ class AsyncSource:
                         f"(pid {self._proc.pid}); the checkpoints so far are in {self.checkpoints}: continue with "
                         "`--resume`, or give a slow environment more time with `--rollout.stall-timeout-s`")
                 self._cv.wait(timeout=min(1.0, self.stall_timeout_s))
-        self.waited["learner_wait_s"] += time.perf_counter() - t0
+        self._waited["learner_wait_s"] += time.perf_counter() - t0
 
 def _rebuilt(payload) -> BaseException:
     if isinstance(payload, UserError):  # a user's environment or tool: its own one-line error

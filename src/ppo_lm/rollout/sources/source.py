@@ -29,6 +29,9 @@ class Request:
 
 
 class TrajectorySource(Protocol):
+    producer_threads: int
+    """Torch threads of a producer sampling in a process of its own; 0 where the learner samples."""
+
     def take(self, iteration: int) -> TrajectoryBatch:
         """The trajectories the learner trains on in ``iteration`` (1-based)."""
         ...
@@ -38,7 +41,13 @@ class TrajectorySource(Protocol):
         ...
 
     def publish(self, version: int) -> None:
-        """The learner's weights after iteration ``version``."""
+        """The learner's weights after iteration ``version``: the engine that samples in the learner's
+        process takes them, and a producer elsewhere is handed them."""
+        ...
+
+    def metrics(self, iteration: int) -> dict[str, float]:
+        """What the source reports of ``iteration``'s batch besides its trajectories (an asynchronous
+        producer's own clock and the waits on either side; docs/async.md); {} where the learner samples."""
         ...
 
     def pending(self) -> list[TrajectoryBatch]:
@@ -53,6 +62,8 @@ class TrajectorySource(Protocol):
 class SyncSource:
     """Samples iteration k's requests (``plan(k)``) when the learner takes them: ``samples`` per row
     under ``sampling``, with ``generator`` (the run's sampling stream, saved in its checkpoints)."""
+
+    producer_threads = 0  # the learner samples, with its own threads
 
     def __init__(self, producer: Producer, plan: Callable[[int], Request], *, samples: int,
                  sampling: SamplingParams, generator: torch.Generator | None):
@@ -70,9 +81,9 @@ class SyncSource:
             raise ValueError("a synchronous source keeps no batches between iterations")
 
     def publish(self, version: int) -> None:
-        pass  # it samples with the engine, which the learner updates itself
+        self.producer.engine.update_weights(version)
 
-    def producer_metrics(self, iteration: int) -> dict[str, float]:
+    def metrics(self, iteration: int) -> dict[str, float]:
         return {}  # the learner samples: its own `generate_s` is the producer's time
 
     def pending(self) -> list[TrajectoryBatch]:
