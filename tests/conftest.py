@@ -29,10 +29,10 @@ def saved_policy(tmp_path_factory):
 @pytest.fixture
 def no_model_loads(monkeypatch):
     """Any model build fails the test: the error must come from a check before it."""
-    from ppo_lm.trainer import builders
+    from ppo_lm.trainer import roles
 
     def boom(*a, **k):
         raise AssertionError("a model was loaded before the error")
 
-    monkeypatch.setattr(builders, "build_policy", boom)
-    monkeypatch.setattr(builders, "build_tokenizer", boom)
+    monkeypatch.setattr(roles, "build_policy", boom)
+    monkeypatch.setattr(roles, "build_tokenizer", boom)

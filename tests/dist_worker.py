@@ -35,10 +35,10 @@ def save_reward_model(path: str) -> str:
     """A tiny one-label reward model with the built-in policy's architecture and tokenizer."""
     from ppo_lm.stages import build_reward_model_from_policy_config
     from ppo_lm.tasks.equations import build_tiny_policy
-    from ppo_lm.trainer import builders
+    from ppo_lm.trainer import roles
 
     cfg = tiny_config(path)
-    policy = build_tiny_policy(builders.build_tokenizer(cfg.model), seed=5, hidden_size=cfg.model.builtin_hidden_size)
+    policy = build_tiny_policy(roles.build_tokenizer(cfg.model), seed=5, hidden_size=cfg.model.builtin_hidden_size)
     build_reward_model_from_policy_config(policy.config, policy, seed=5).save_pretrained(path)
     return path
 

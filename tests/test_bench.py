@@ -47,6 +47,7 @@ def test_w2_stops_early(capsys):
     assert r["response_length_mean"] < bench_workloads.TINY.response_len
 
 
+@pytest.mark.slow  # ~3.5 s of the fast suite's 4 minutes; .ci/run runs it
 def test_w4_long_responses_keep_w1_tokens(capsys):
     """W4: W1's sampled tokens per iteration in four prompts by default (tiny: 4 × 16 = TINY's 64)."""
     r = _run(capsys, "--workload", "w4", "--warmup", "0", "--threads", "1")
@@ -241,6 +242,7 @@ def test_decoder_shapes_and_fractions_of_the_peak():
     assert bench.peak_fractions({}, 100.0, 50.0) == {}  # no peak measured (a GPU run): no fraction
 
 
+@pytest.mark.slow  # ~5.5 s of the fast suite's 4 minutes; .ci/run runs it
 def test_w1_asynchronous_times_the_learners_wall_clock(capsys):
     r = _run(capsys, "--workload", "w1", "--threads", "1", "--max-staleness", "1", "--producer-threads", "1")
     assert KEYS <= set(r) and r["max_staleness"] == 1 and r["producer_threads"] == 1

@@ -64,7 +64,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys, dam
 def test_every_checkpoint_damaged_is_a_one_line_error(tmp_path, capsys, monkeypatch):
     """Truncated files are found from the manifest's sizes before any model loads; a changed byte
     (same size) by the checksums when resume reads the checkpoint."""
-    from ppo_lm.trainer import builders
+    from ppo_lm.trainer import roles
 
     run, found = _two_checkpoints(tmp_path)
     originals = {path: (path / "trainer_state.pt").read_bytes() for _, path in found}
@@ -72,7 +72,7 @@ def test_every_checkpoint_damaged_is_a_one_line_error(tmp_path, capsys, monkeypa
         (path / "trainer_state.pt").write_bytes(b"\0" * 10)
     capsys.readouterr()
     with monkeypatch.context() as m:
-        m.setattr(builders, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
+        m.setattr(roles, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
         assert main(["train", "--output-dir", str(run), "--iterations", "3", "--resume"]) == 2
     err = capsys.readouterr().err
     assert "no intact checkpoint" in err and "trainer_state.pt has 10 bytes, the manifest says" in err
@@ -143,12 +143,12 @@ def test_small_cli_mistakes_are_one_line_errors(tmp_path, capsys):
 
 @pytest.mark.parametrize("where", ["file", "under_file"])
 def test_an_output_dir_that_cannot_be_one_fails_before_any_model_loads(tmp_path, capsys, monkeypatch, where):
-    from ppo_lm.trainer import builders
+    from ppo_lm.trainer import roles
 
     def no_models(*a, **k):
         raise AssertionError("a model was built before the output directory was checked")
 
-    monkeypatch.setattr(builders, "build_policy", no_models)
+    monkeypatch.setattr(roles, "build_policy", no_models)
     blocker = tmp_path / "taken"
     blocker.write_text("a user's file")
     out = blocker if where == "file" else blocker / "run"

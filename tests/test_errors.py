@@ -15,7 +15,7 @@ from ppo_lm.cli.main import main
 from ppo_lm.models.loading import ModelLoadError, check_model_dir, load_model
 from ppo_lm.rollout.score.reward import load_verifier, score_with_verifier
 from ppo_lm.runtime.errors import ConfigError
-from ppo_lm.trainer import builders
+from ppo_lm.trainer import roles
 from ppo_lm.trainer.ppo import PPOTrainer
 
 TRAIN = ["train", "--threads", "1", "--iterations", "1", "--rollout.num-prompts", "8", "--log.no-progress",
@@ -167,7 +167,7 @@ def test_reward_spec_errors(tmp_path):
     with pytest.raises(ValueError, match=r"has no function 'score' \(it defines: scorer\)"):
         load_verifier(f"{tmp_path / 'some_reward_abc.py'}:score")
     with pytest.raises(ConfigError, match="model.reward"):
-        builders.load_reward_verifier("nocolon")
+        roles.load_reward_verifier("nocolon")
 
 
 def test_a_raising_reward_shows_the_users_own_lines(tmp_path):

@@ -197,10 +197,10 @@ def test_scoring_with_two_lanes_equals_one_lane(tmp_path, critic, reward_model):
 def test_gradient_checkpointing_keeps_one_lane(tmp_path, monkeypatch):
     """Checkpointed models back-propagate with .backward() on one lane (autograd.grad would not do),
     and checkpointing really runs in the update (transformers needs training mode for it)."""
-    from ppo_lm.trainer import builders
+    from ppo_lm.trainer import roles
 
     cfg = tiny_config(tmp_path, threads=2, model__cpu_lanes=2)
-    policy = builders.build_policy(cfg, builders.build_tokenizer(cfg.model))
+    policy = roles.build_policy(cfg, roles.build_tokenizer(cfg.model))
     enable = getattr(policy, "activation_checkpointing_enable", None) or policy.gradient_checkpointing_enable
     enable()  # (transformers 5 renamed it)
     calls = []
@@ -224,10 +224,10 @@ def test_checkpointed_update_computes_what_the_rollout_did(tmp_path, arch, rates
     their own attributes or the config must stay off, so the first step's ratio is exactly 1."""
     import transformers
 
-    from ppo_lm.trainer import builders
+    from ppo_lm.trainer import roles
 
     cfg = tiny_config(tmp_path, threads=1, iterations=1, optim__epochs=1, optim__num_minibatches=1)
-    tok = builders.build_tokenizer(cfg.model)
+    tok = roles.build_tokenizer(cfg.model)
     config = transformers.AutoConfig.for_model(
         arch, vocab_size=len(tok), hidden_size=32, n_embed=32, num_hidden_layers=2, n_layer=2, num_attention_heads=4,
         n_head=4, num_key_value_heads=4, intermediate_size=64, max_position_embeddings=128,

@@ -218,11 +218,11 @@ def test_export_refuses_a_changed_base_model(tmp_path, saved_policy, capsys):
 def test_lora_without_peft_is_one_line_before_any_model(tmp_path, monkeypatch, capsys):
     import importlib.util
 
-    from ppo_lm.trainer import builders
+    from ppo_lm.trainer import roles
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else find_spec(name, *a))
-    monkeypatch.setattr(builders, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
+    monkeypatch.setattr(roles, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
     rc = main(["train", "--output-dir", str(tmp_path / "run"), "--model.lora-r", "8", "--log.no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "needs the peft package: pip install 'ppo-lm[lora]'" in err and len(err.strip().splitlines()) == 1
@@ -249,9 +249,9 @@ def test_gradient_checkpointing_with_adapters_trains_the_same(tmp_path):
     ("lora_target_modules", [], "must name at least one module"),
 ])
 def test_bad_lora_settings_are_named_before_any_model_is_built(tmp_path, monkeypatch, field, value, message):
-    from ppo_lm.trainer import builders
+    from ppo_lm.trainer import roles
 
-    monkeypatch.setattr(builders, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
+    monkeypatch.setattr(roles, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
     cfg = tiny_config(tmp_path, model__lora_r=4)
     setattr(cfg.model, field, value)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):

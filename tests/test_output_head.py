@@ -100,7 +100,7 @@ def test_a_critic_from_the_reward_model_starts_on_the_rewards_scale():
 
     from ppo_lm.config.train import ModelConfig
     from ppo_lm.models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, sequence_scores
-    from ppo_lm.trainer.builders import build_critic
+    from ppo_lm.trainer.roles import build_critic
 
     torch.manual_seed(0)
     policy = AutoModelForCausalLM.from_config(Qwen2Config(**SMALL)).eval()

@@ -30,7 +30,7 @@ def test_a_gguf_policy_loads_saves_and_reloads(tmp_path):
 
     from ppo_lm.models.hf_compat import load_tokenizer
     from ppo_lm.models.loading import load_model
-    from ppo_lm.trainer.builders import ensure_pad_token
+    from ppo_lm.trainer.roles import ensure_pad_token
 
     lm = load_model(AutoModelForCausalLM, GGUF, "model.policy", "causal-lm")
     tok = load_tokenizer(GGUF)

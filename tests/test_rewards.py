@@ -92,9 +92,9 @@ def test_non_finite_reward_weights_are_refused_before_any_model(tmp_path, capsys
     """A NaN or infinite weight would make every score non-finite; the run would only stop much later,
     on non-finite losses, with advice about learning rates."""
     from ppo_lm.runtime.errors import ConfigError
-    from ppo_lm.trainer import builders
+    from ppo_lm.trainer import roles
 
-    monkeypatch.setattr(builders, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
+    monkeypatch.setattr(roles, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
     rc = main(["train", "--iterations", "1", "--log.no-tensorboard", "--output-dir", str(tmp_path / "run"),
                "--model.reward", f"{reward_file}:sevens,{reward_file}:length", "--model.reward-weights", "1", bad])
     err = capsys.readouterr().err

@@ -152,7 +152,7 @@ def test_a_missing_or_stop_token_pad_is_replaced_by_a_free_special_token(tmp_pat
     PPOTrainer(tiny_config(tmp_path / "c", rollout__stop_tokens=["<pad>"]), tokenizer=tok3, verifier=count_sevens)
     assert tok3.pad_token == "<unk>"
 
-    from ppo_lm.trainer.builders import ensure_pad_token
+    from ppo_lm.trainer.roles import ensure_pad_token
 
     class OnlyEos:
         eos_token_id, pad_token_id, bos_token_id, unk_token, pad_token = 1, 1, None, None, "<eos>"

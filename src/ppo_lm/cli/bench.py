@@ -359,7 +359,7 @@ def bench_command(argv: list[str]) -> dict:
 
         check_model_dir(args.policy, "--policy", "causal-lm")  # a bad path fails before anything loads
     from ..runtime.errors import ConfigError
-    from ..trainer.builders import resolve_device
+    from ..trainer.roles import resolve_device
 
     try:
         resolve_device(args.device)  # before building anything

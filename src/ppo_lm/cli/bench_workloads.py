@@ -153,7 +153,7 @@ def save_w3_reward(policy: str, root: Path, seed: int = 0):
 
     from ..models.hf_compat import load_tokenizer
     from ..models.loading import load_model
-    from ..trainer.builders import ensure_pad_token, generation_stop_ids
+    from ..trainer.roles import ensure_pad_token, generation_stop_ids
 
     lm = load_model(AutoModelForCausalLM, policy, "--policy", "causal-lm", dtype=torch.float32)
     tok = load_tokenizer(policy)

@@ -84,7 +84,7 @@ def merge_adapters(run_dir: Path, source: Path, out: Path) -> None:
     from ..models import lora
     from ..models.hf_compat import load_tokenizer
     from ..runtime.errors import ConfigError
-    from ..trainer import builders
+    from ..trainer import roles
     from ..trainer.checkpoint.state import read_trainer_state
 
     try:
@@ -93,7 +93,7 @@ def merge_adapters(run_dir: Path, source: Path, out: Path) -> None:
         raise ExportError(f"{run_dir}/config.yaml is needed to rebuild the base model under the LoRA adapters: "
                           f"{e}") from None
     tokenizer = load_tokenizer(str(source))
-    base = builders.build_policy(cfg, tokenizer)
+    base = roles.build_policy(cfg, tokenizer)
     model = PeftModel.from_pretrained(base, str(source))
     saved = read_trainer_state(source.parent / "trainer_state.pt")
     fingerprint = (saved.get("lora_base") or {}).get("policy")

@@ -13,7 +13,7 @@ from ..models import lora
 from ..models.actor_critic import AdaptersOff, CriticModel, PolicyModel
 from ..models.hf_compat import scalar_head, trunk
 from ..runtime.errors import ConfigError
-from . import builders
+from . import roles
 
 
 def lora_settings(m: ModelConfig, r: int | None = None) -> lora.LoraSettings | None:
@@ -42,10 +42,10 @@ def add_policy_adapters(cfg: TrainConfig, policy: PolicyModel) -> None:
 
 def build_reference(policy: PolicyModel) -> PolicyModel | AdaptersOff:
     """The frozen reference π_ref: with LoRA, the policy run with its adapters off (one copy of the
-    weights); otherwise :func:`builders.frozen_copy` of ``policy.lm`` (the policy's weights as they start)."""
+    weights); otherwise :func:`roles.frozen_copy` of ``policy.lm`` (the policy's weights as they start)."""
     if lora.has_adapters(policy.lm):
         return AdaptersOff(policy)
-    return PolicyModel(builders.frozen_copy(policy.lm))
+    return PolicyModel(roles.frozen_copy(policy.lm))
 
 
 def freeze_critic_body(cfg: TrainConfig, critic: CriticModel, ref: nn.Module, reward_model: nn.Module | None) -> None:

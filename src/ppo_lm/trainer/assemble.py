@@ -33,9 +33,9 @@ from ..rollout.score.scoring import RolloutModels, ScoringSettings
 from ..rollout.sources.async_source import AsyncSource
 from ..rollout.sources.source import SyncSource
 from ..runtime import distributed as dist
-from . import adapters, builders, inputs, seeds
+from . import adapters, inputs, roles, seeds
 from .checkpoint.state import RngStreams, RunState, TrainState
-from .evaluation import HeldOut
+from .held_out import HeldOut
 from .learner import Learner, build_learner
 from .plan import Plan
 from .preflight import Preflight
@@ -106,7 +106,7 @@ def assemble(cfg: TrainConfig, pre: Preflight, *, policy=None, tokenizer=None, v
     cfg = dataclasses.replace(cfg, algo=resolve_algo(cfg.algo))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = builders.resolve_device(cfg.model.device)
+    device = roles.resolve_device(cfg.model.device)
     models, sized = build_models(cfg, pre, device, policy=policy, tokenizer=tokenizer, verifier=verifier)
     cfg = sized.cfg
     sampler = build_sampler(cfg, pre, models, device, prompt_rows=prompt_rows)
@@ -126,20 +126,20 @@ def build_models(cfg: TrainConfig, pre: Preflight, device: torch.device, *, poli
                  ) -> tuple[Models, sizing.Resolved]:
     """The tokenizer and the roles; LoRA adapters and gradient checkpointing. Seeded, so every rank
     builds identical initial weights. Returns them with the settings resolved by the policy's size."""
-    kernels.set_compiled(cfg.model.compile_kernels, device, builders.DTYPES[cfg.model.dtype])
+    kernels.set_compiled(cfg.model.compile_kernels, device, roles.DTYPES[cfg.model.dtype])
     torch.manual_seed(cfg.seed)
-    tokenizer = tokenizer if tokenizer is not None else builders.build_tokenizer(cfg.model)
-    lm = policy if policy is not None else builders.build_policy(cfg, tokenizer)
+    tokenizer = tokenizer if tokenizer is not None else roles.build_tokenizer(cfg.model)
+    lm = policy if policy is not None else roles.build_policy(cfg, tokenizer)
     # the "auto" learning rates and response limit, by the policy's size (config/sizing.py)
     sized = sizing.resolve_auto(cfg, sum(p.numel() for p in lm.parameters()),
                                 getattr(lm.config, "max_position_embeddings", None))
     check_resolved_critic(sized.cfg, cfg.model.critic == "auto")
     cfg = sized.cfg
     kind = critics.kind_of(cfg)
-    policy_module = builders.build_policy_module(cfg, lm, with_value_head=kind.values_from == "policy").to(device)
+    policy_module = roles.build_policy_module(cfg, lm, with_value_head=kind.values_from == "policy").to(device)
     terms = ([] if cfg.rollout.env is not None  # the environment's turn rewards replace model.reward
-             else builders.given_reward_terms(verifier, cfg.model) if verifier is not None
-             else builders.reward_terms(cfg.model, pre.verifiers, cfg.model.dtype))
+             else roles.given_reward_terms(verifier, cfg.model) if verifier is not None
+             else roles.reward_terms(cfg.model, pre.verifiers, cfg.model.dtype))
     for term in terms:
         if term.model is not None:
             term.model.to(device)
@@ -147,7 +147,7 @@ def build_models(cfg: TrainConfig, pre: Preflight, device: torch.device, *, poli
     reward_model = next((term.model for term in terms if term.model is not None), None)
     critic = None
     if kind.own_body:
-        critic = builders.build_critic(cfg.model, lm, reward_model).to(device)
+        critic = roles.build_critic(cfg.model, lm, reward_model).to(device)
     if cfg.model.lora_r:  # only adapters train (docs/lora.md)
         adapters.add_policy_adapters(cfg, policy_module)
     ref = adapters.build_reference(policy_module).to(device)
@@ -193,7 +193,7 @@ def size_micro_batches(sized: sizing.Resolved, models: Models, sampler: Sampler)
                         else sampler.prompts.longest_prompt + r.max_new_tokens),
         bodies=[models.lm] + ([models.critic.model] if models.critic is not None else []),
         models=[models.policy, models.critic, models.ref, *(term.model for term in models.rewards)],
-        dtype_bytes=builders.DTYPES[cfg.model.dtype].itemsize)
+        dtype_bytes=roles.DTYPES[cfg.model.dtype].itemsize)
 
 
 def build_training(cfg: TrainConfig, models: Models, device: torch.device) -> Training:

@@ -14,7 +14,7 @@ from ..config.train import DataConfig, TrainConfig
 from ..data import prompts
 from ..runtime.errors import ConfigError
 from . import seeds
-from .builders import ensure_pad_token, generation_stop_ids, single_token_id
+from .roles import ensure_pad_token, generation_stop_ids, single_token_id
 
 if TYPE_CHECKING:  # imported where used: the environment's pool only with `rollout.env`
     from ..rollout.envs.env_pool import EnvPool

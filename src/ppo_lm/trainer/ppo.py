@@ -42,7 +42,7 @@ from .banner import banner
 from .checkpoint.state import load_checkpoint, save_checkpoint
 from .correction import off_policy_correction
 from .diagnostics import rollout_metrics, throughput
-from .evaluation import held_out_metrics
+from .held_out import held_out_metrics
 from .preflight import preflight
 from .update import UpdateBatch, count_nonfinite, ppo_update
 
@@ -187,7 +187,7 @@ class PPOTrainer:
         return Iteration(metrics, batch, targets)
 
     def evaluate(self, iteration: int) -> dict[str, float]:
-        """Held-out evaluation (``data.eval_prompts``), trainer/evaluation.py."""
+        """Held-out evaluation (``data.eval_prompts``), trainer/held_out.py."""
         if self.held_out is None:
             raise ValueError("this run has no held-out prompts (`data.eval_prompts`)")
         return held_out_metrics(self.held_out, iteration)

@@ -28,7 +28,7 @@ from ..rollout.envs.environment import EnvError
 from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError
 from ..runtime.files import OutputDirLock, prepare_output_dir
-from . import builders, inputs
+from . import inputs, roles
 from .checkpoint.folders import MANIFEST, list_checkpoints, verify
 from .checkpoint.state import DamagedCheckpointError
 
@@ -92,8 +92,8 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
         except EnvError as e:
             raise ConfigError(str(e)) from None
     # imported even with an environment, which ignores them: a broken reward is named
-    verifiers = {spec: builders.load_reward_verifier(spec) for spec, _ in specs if not is_model_path(spec)}
-    gold = builders.build_gold_verifier(m)
+    verifiers = {spec: roles.load_reward_verifier(spec) for spec, _ in specs if not is_model_path(spec)}
+    gold = roles.build_gold_verifier(m)
     rows = None if prompt_rows_given else inputs.read_prompt_rows(cfg.data, seed=cfg.seed,
                                                                     env=cfg.rollout.env is not None)
     eval_rows = None
@@ -149,7 +149,7 @@ def _check_unused(cfg: TrainConfig, keep: dict, rows: list[dict] | None, eval_ro
     if rows is not None and cfg.rollout.env is None:  # an environment's rows: its reset reads them
         column = cfg.data.prompt_column
         chat = any(is_conversation(r[0][column]) for r in (rows, eval_rows or []) if r)
-    cuda = builders.resolve_device(cfg.model.device).type == "cuda" if cfg.model.cpu_lanes else None
+    cuda = roles.resolve_device(cfg.model.device).type == "cuda" if cfg.model.cpu_lanes else None
     facts = Facts(files_read=True, torchrun=dist.is_initialized(), cuda=cuda, chat_prompts=chat)
     check_unused(cfg, facts, keep, warn=True)
 

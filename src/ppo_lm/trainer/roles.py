@@ -1,4 +1,4 @@
-"""Assemble the four model roles, the tokenizer, the reward and the prompts from a TrainConfig."""
+"""The model roles (policy, reference, critic, reward) and the tokenizer, built from a TrainConfig."""
 
 from __future__ import annotations
 
