@@ -79,3 +79,19 @@ def test_an_output_folder_another_process_writes_is_refused_until_it_dies(tmp_pa
             OutputDirLock(tmp_path).acquire()
     assert lock._fd is None
     OutputDirLock(tmp_path).acquire().release()
+
+
+def test_a_file_system_without_locks_runs_unguarded(tmp_path, monkeypatch):
+    """Where flock is not supported (some network mounts answer ENOLCK) the run goes on without the lock."""
+    import errno
+    import fcntl
+
+    from ppo_lm.runtime.files import OutputDirLock
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with OutputDirLock(tmp_path) as lock:
+        assert lock._fd is None
+        OutputDirLock(tmp_path).acquire().release()

@@ -84,6 +84,9 @@ class OutputDirLock:
             os.close(fd)
             raise OutputDirBusy(f"another process (pid {holder}) is writing to {str(self.path.parent)!r}: a run "
                                 f"already uses this folder; stop that run first, or choose another --output-dir") from None
+        except OSError:  # a file system without locks (some network mounts): the run goes on unguarded
+            os.close(fd)
+            return self
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
