@@ -213,6 +213,33 @@ def clip_and_step(learner: Learner, o: OptimConfig, finite: bool, *, train_polic
     return finite, norms
 
 
+def minibatch_gradients(learner: Learner, batch: UpdateBatch, mb_idx: Tensor, objective: ObjectiveSettings,
+                        cfg: TrainConfig, lengths: Tensor, *, packed: bool, train_policy: bool,
+                        values_from: str | None, first_epoch: bool) -> tuple[StatsAggregator, bool]:
+    """Step 4a for the minibatch ``mb_idx`` (its row indices): forward, objective and backward micro-batch
+    by micro-batch, the gradients summed into ``.grad`` (and met across ranks on the last micro-batch).
+    Returns the minibatch's statistics and whether every loss was finite on this rank. ``lengths`` (B,)
+    the rows' response lengths."""
+    a = cfg.algo
+    count = minibatch_count(batch.loss_mask[mb_idx], a.loss_agg)
+
+    def rows_forward_backward(rows: Tensor) -> RowsResult:
+        return forward_backward(learner, batch.select(rows), objective, count, train_policy=train_policy,
+                                values_from=values_from, temperature=cfg.rollout.temperature or 1.0,
+                                with_entropy=a.entropy_coef > 0 or first_epoch)  # a diagnostic: epoch 1
+
+    stats, finite = StatsAggregator(), True
+    micro = micro_batches(mb_idx, batch, cfg.optim.micro_batch_size, packed=packed)
+    for j, rows in enumerate(micro):
+        for r in learner.accumulate(rows_forward_backward, rows, lengths[rows], batch.prompt_width,
+                                    sync=j == len(micro) - 1):
+            # A non-finite loss still ran backward, so every rank took part in the same gradient
+            # all-reduces; the minibatch's gradient is discarded in 4b.
+            finite = finite and r.finite
+            stats.add(r.stats, units=r.units, tokens=r.tokens)
+    return stats, finite
+
+
 def ppo_update(
     learner: Learner,
     batch: UpdateBatch,
@@ -232,8 +259,8 @@ def ppo_update(
     loss; the KL controller's current value), 0 for none. ``nonfinite_in_row``: skipped minibatch
     steps that ended the previous update, continued here.
     """
-    a, o = cfg.algo, cfg.optim
-    B, P = batch.size, batch.prompt_width
+    o = cfg.optim
+    B = batch.size
     mb_size = B // o.num_minibatches
     lengths = batch.response_mask.sum(1)
     objective = objective_settings(cfg, kl_coef)
@@ -259,25 +286,10 @@ def ppo_update(
                 mb_idx = perm[k * mb_size : (k + 1) * mb_size]
 
                 # 4a. Forward, objective and backward, micro-batch by micro-batch, into .grad.
-                count = minibatch_count(batch.loss_mask[mb_idx], a.loss_agg)
-
-                def rows_forward_backward(rows: Tensor, count=count, first_epoch=epoch == 0, policy_now=policy_now,
-                                          values_now=values_from if critic_now else None) -> RowsResult:
-                    return forward_backward(learner, batch.select(rows), objective, count,
-                                            train_policy=policy_now, values_from=values_now,
-                                            temperature=cfg.rollout.temperature or 1.0,
-                                            with_entropy=a.entropy_coef > 0 or first_epoch)  # a diagnostic: epoch 1
-
-                mb_stats, finite = StatsAggregator(), True
-                micro = micro_batches(mb_idx, batch, o.micro_batch_size, packed=packed)
-                for j, rows in enumerate(micro):
-                    # gradients meet across ranks once per minibatch, on its last micro-batch
-                    for r in learner.accumulate(rows_forward_backward, rows, lengths[rows], P,
-                                                sync=j == len(micro) - 1):
-                        # A non-finite loss still ran backward, so every rank took part in the same
-                        # gradient all-reduces; the minibatch's gradient is discarded in 4b.
-                        finite = finite and r.finite
-                        mb_stats.add(r.stats, units=r.units, tokens=r.tokens)
+                mb_stats, finite = minibatch_gradients(learner, batch, mb_idx, objective, cfg, lengths, packed=packed,
+                                                       train_policy=policy_now,
+                                                       values_from=values_from if critic_now else None,
+                                                       first_epoch=epoch == 0)
 
                 # 4b. Clip and step — or skip the minibatch on every rank (it leaves no statistics).
                 applied, norms = clip_and_step(learner, o, finite, train_policy=policy_now,
