@@ -43,6 +43,7 @@ def test_each_iteration_samples_with_the_weights_k_updates_old(tmp_path):
     assert [m["staleness_max"] for m in history] == [0, 1, 2, 2, 2]
     assert history[-1]["is_weight_max"] != 1  # the weights moved: the sampler's and the learner's differ
     assert all(m["learner_wait_s"] >= 0 and m["producer_wait_s"] >= 0 for m in history)
+    assert tr.sampler.engine.version == 5  # the learner's own engine (held-out evaluation) is published to too
 
 
 @pytest.mark.slow  # ~4-12 s of producer processes; .ci/run runs it

@@ -240,7 +240,8 @@ def build_source(cfg: TrainConfig, models: Models, sampler: Sampler, training: T
                         add_special_tokens=not sampler.prompts.chat,
                         **(episodes._asdict() if episodes is not None else {}))
     return AsyncSource(producer, plan, samples=r.samples_per_prompt, sampling=sampler.sampling,
-                       max_staleness=r.max_staleness, learner_lm=models.policy.lm, last=cfg.iterations,
+                       max_staleness=r.max_staleness, learner_lm=models.policy.lm, learner_engine=sampler.engine,
+                       last=cfg.iterations,
                        seed_for=functools.partial(seeds.producer_sampling_seed, cfg.seed, dist.rank()),
                        device=device, threads=producer_threads(cfg), stall_timeout_s=r.stall_timeout_s,
                        checkpoints=str(Path(cfg.output_dir).resolve()), box_dir=r.weight_box_dir)

@@ -30,6 +30,7 @@ from torch import nn
 
 from ...runtime import child
 from ...runtime.errors import UserError
+from ..sample.engine import GenerationEngine
 from ..sample.producer import Producer
 from ..sample.sampling import SamplingParams
 from ..trajectory import TrajectoryBatch
@@ -62,16 +63,17 @@ class AsyncSource:
     CPU threads in the producer's process (0: torch's default); ``stall_timeout_s``: how long either side
     waits on the other with no word from it before the run ends (:class:`ProducerStalled`), naming
     ``checkpoints`` (where the run's checkpoints are) in its line; ``box_dir``: the folder of a file-backed
-    weight box (None: anonymous memory)."""
+    weight box (None: anonymous memory); ``learner_engine``: the engine that samples in the learner's
+    process (held-out evaluation), which each publish updates too."""
 
     def __init__(self, producer: Producer, plan: Callable[[int], Request], *, samples: int, sampling: SamplingParams,
-                 max_staleness: int, seed_for: Callable[[int], int], learner_lm: nn.Module, last: int,
-                 device: torch.device | str = "cpu", threads: int = 0, stall_timeout_s: float = 1800.0,
+                 max_staleness: int, seed_for: Callable[[int], int], learner_lm: nn.Module,
+                 learner_engine: GenerationEngine, last: int, device: torch.device | str = "cpu", threads: int = 0, stall_timeout_s: float = 1800.0,
                  checkpoints: str = "the output folder", box_dir: str | None = None):
         if max_staleness < 1:
             raise ValueError("an asynchronous source needs max_staleness ≥ 1 (0 is the synchronous source)")
         self.producer, self.plan, self.samples, self.sampling = producer, plan, samples, sampling
-        self.k, self.seed_for, self.learner_lm = max_staleness, seed_for, learner_lm
+        self.k, self.seed_for, self.learner_lm, self.learner_engine = max_staleness, seed_for, learner_lm, learner_engine
         self.last, self.device, self.producer_threads = last, str(device), threads
         self.stall_timeout_s, self.checkpoints, self.box_dir = stall_timeout_s, checkpoints, box_dir
         self._cv = threading.Condition()
@@ -125,7 +127,7 @@ class AsyncSource:
     def publish(self, version: int) -> None:
         """The learner's weights after iteration ``version``, written into the box once the producer has
         copied the previous version out of it; nothing to write where no iteration left samples with it."""
-        self.producer.engine.update_weights(version)  # held-out evaluation samples here, with these
+        self.learner_engine.update_weights(version)
         if self._proc is None:
             return
         self._published = version
