@@ -67,3 +67,17 @@ def test_stop_ends_a_child_whatever_it_does(on_path, what):
         os.kill(apart, signal.SIGKILL)
     c.conn.close()
 
+
+
+@pytest.mark.parametrize("given, lives", [(None, True), ("other", False)])
+def test_die_with_parent_keeps_a_child_of_a_live_parent_and_ends_one_already_handed_on(given, lives):
+    """The parent is the one that started the process, whatever its pid (a container's first process
+    is pid 1); a process whose named parent is no longer its parent ends at once."""
+    code = ("import os, sys; from ppo_lm.runtime.lifetime import die_with_parent; "
+            "arg = None if sys.argv[1] == 'None' else os.getppid() + 10**6; "
+            "print(die_with_parent(arg), flush=True)")
+    proc = subprocess.run([sys.executable, "-c", code, str(given)], capture_output=True, text=True, timeout=60)
+    if lives:
+        assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr
+    else:
+        assert proc.returncode == -signal.SIGKILL and proc.stdout == ""

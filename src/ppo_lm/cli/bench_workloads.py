@@ -271,25 +271,18 @@ def forward_flops(shape: Shape, tokens: float, attn_pairs: float, head_tokens: f
     return 2 * tokens * per_token + 4 * L * d * attn_pairs + 2 * head_tokens * d * head_out
 
 
-@dataclass(frozen=True)
-class _Rank:
-    """The two settings a kind's adapter rule reads, for a workload's own critic."""
-
-    critic_lora_r: int | None
-    lora_r: int = 0
-
-
 def critic_passes(critic: CriticSetup, epochs: int) -> tuple[int, float]:
     """(scoring forwards, update cost in forwards) of the critic's body per iteration: a separate
     critic trains its body, forward + backward = 3 forwards per epoch; one with a frozen body and
     adapters skips the body's weight gradients (2: a forward and the activation gradients, the
     adapters' own are small); a frozen critic's head alone trains (1: the forward; the head's backward
     is negligible); a shared head rides on the policy's forwards and no critic has none."""
-    kind = critic.critic_kind
+    from ..config.train import ModelConfig
+
+    kind, m = critic.critic_kind, ModelConfig(critic=critic.kind, critic_lora_r=critic.lora_r)
     if not kind.own_body:
         return 0, 0.0
-    rank = critic.lora_r if "model.critic_lora_r" in kind.settings else 0
-    per_epoch = 3.0 if not kind.body_frozen(_Rank(rank)) else 2.0 if rank else 1.0
+    per_epoch = 3.0 if not kind.body_frozen(m) else 2.0 if kind.adapter_rank(m) else 1.0
     return 1, per_epoch * (critic.epochs or epochs)
 
 

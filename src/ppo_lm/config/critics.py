@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from ..algorithms import get_advantage_estimator
+
 LARGE_CRITIC_PARAMETERS = 1_000_000_000
 """From this many policy parameters ``auto`` takes :data:`AUTO_LARGE`."""
 
@@ -195,8 +197,6 @@ def resolve_auto(parameters: int | None, env: bool) -> CriticKind | None:
 def kind_of(cfg, parameters: int | None = None) -> CriticKind | None:
     """The run's critic kind: :data:`NONE` for a critic-free estimator, the named kind, or what ``auto``
     resolves to (None where that needs the policy's size and ``parameters`` is not given)."""
-    from ..algorithms import get_advantage_estimator
-
     if not get_advantage_estimator(cfg.algo.estimator).needs_critic:
         return NONE
     name = cfg.model.critic

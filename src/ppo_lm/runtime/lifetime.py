@@ -7,10 +7,13 @@ import os
 import signal
 
 
-def die_with_parent() -> bool:
+def die_with_parent(parent: int | None = None) -> bool:
     """Linux: ask the kernel to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``).
-    Returns False where the platform has no such request. A parent already gone by the time of the
-    request (this process was handed to init) ends this process at once."""
+    Returns False where the platform has no such request. ``parent``: the pid that started this process
+    (a forking caller knows it; default: the parent now). A parent gone by the time the request took
+    (this process was handed to another) ends this process at once."""
+    if parent is None:
+        parent = os.getppid()  # (not "is it 1": a launcher may itself be a container's first process)
     try:
         import ctypes
 
@@ -18,7 +21,7 @@ def die_with_parent() -> bool:
             return False
     except (OSError, AttributeError):
         return False
-    if os.getppid() == 1:
+    if os.getppid() != parent:  # it died before the request: this process was handed on
         os.kill(os.getpid(), signal.SIGKILL)
     return True
 

@@ -74,11 +74,12 @@ def run_tool_call(tools: dict, call: dict | str, seconds: float) -> str:
     if not hasattr(os, "fork"):
         raise EnvError("tool calls run in forked processes, which this platform does not have")
     read, write = os.pipe()
+    worker = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: answer, then leave without running the parent's exit handlers
         os.close(read)
         os.setpgid(0, 0)  # a group of its own: what the tool starts is killed with it
-        die_with_parent()
+        die_with_parent(worker)
         with os.fdopen(write, "wb") as out:
             out.write(_answer(fn, call).encode("utf-8", "replace"))
         sys.stdout.flush()
