@@ -23,7 +23,7 @@ from pathlib import Path
 
 TINY = ["--model.builtin-hidden-size", "32", "--data.builtin-num-prompts", "64", "--rollout.num-prompts", "8",
         "--log.no-tensorboard", "--log.no-progress", "--log.save-every", "1", "--threads", "1"]
-SEPARATE = ["--model.critic", "separate"]  # pinned: the built-in model's `auto` critic changed on 2026-12-06
+SEPARATE = ["--critic.kind", "separate"]  # pinned: the built-in model's `auto` critic changed on 2026-12-06
 RUNS: dict[str, list[str]] = {
     "gae": ["--iterations", "3", *SEPARATE],
     "grpo-groups": ["--iterations", "3", "--algo.estimator", "grpo", "--rollout.samples-per-prompt", "4"],
@@ -36,9 +36,9 @@ RUNS: dict[str, list[str]] = {
                         "--data.eval-prompts", "builtin:equations", "--data.builtin-eval-prompts", "8",
                         "--log.eval-every", "1", "--log.eval-samples", "2", *SEPARATE],
     "sampler-logp": ["--iterations", "3", "--rollout.logp-from-sampler", "true", *SEPARATE],
-    "shared-critic": ["--iterations", "3", "--model.critic", "shared", "--model.value-grad-scale", "1.0",
+    "shared-critic": ["--iterations", "3", "--critic.kind", "shared", "--critic.value-grad-scale", "1.0",
                       "--rollout.missing-eos-penalty", "0.5"],
-    "shared-head": ["--iterations", "3", "--model.critic", "shared", "--model.value-grad-scale", "0.0"],
+    "shared-head": ["--iterations", "3", "--critic.kind", "shared", "--critic.value-grad-scale", "0.0"],
 }
 RESUMED = "resume"  # "gae" stopped after 2 iterations, then resumed to 3
 TWO_RANKS = "two-ranks"

@@ -23,7 +23,7 @@ def build(out_dir: str, critic: str = "separate", fsdp: bool = False, reward: st
     """``reward``: a reward-model checkpoint (scores from it; the critic starts from it), else the
     length verifier."""
     cfg = tiny_config(out_dir, rollout__num_prompts=8, rollout__max_new_tokens=6, optim__epochs=2,
-                      optim__num_minibatches=1, optim__micro_batch_size=2, model__critic=critic, model__fsdp=fsdp)
+                      optim__num_minibatches=1, optim__micro_batch_size=2, critic__kind=critic, model__fsdp=fsdp)
     if reward:
         cfg.model.reward = reward
     cfg.threads = 1

@@ -24,7 +24,7 @@ from ppo_lm.trainer.checkpoint.folders import list_checkpoints
 from ppo_lm.trainer.ppo import PPOTrainer
 
 KW = dict(rollout__max_staleness=2, algo__off_policy_correction="tis", rollout__num_prompts=8,
-          rollout__max_new_tokens=6, optim__critic_warmup_iterations=0, log__save_every=1)
+          rollout__max_new_tokens=6, critic__warmup_iterations=0, log__save_every=1)
 
 
 def _metrics(out) -> list[dict]:

@@ -30,7 +30,7 @@ ITERATIONS = 20
 ARGS = ("--threads 1 --model.builtin-hidden-size 64 --data.builtin-num-prompts 64 --rollout.num-prompts 8 "
         "--rollout.max-new-tokens 6 --optim.epochs 1 --log.save-every 1 --log.keep-last 2 --log.no-progress "
         "--log.no-tensorboard --rollout.max-staleness 2 --algo.off-policy-correction tis "
-        "--data.eval-prompts builtin:equations --log.eval-every 3 --optim.critic-warmup-iterations 0").split()
+        "--data.eval-prompts builtin:equations --log.eval-every 3 --critic.warmup-iterations 0").split()
 
 
 def _command(run: Path) -> list[str]:

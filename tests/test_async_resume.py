@@ -23,7 +23,7 @@ ITERATIONS = 7
 
 def _kw(k: int) -> dict:
     return dict(rollout__max_staleness=k, algo__off_policy_correction="tis", rollout__num_prompts=8,
-                rollout__max_new_tokens=6, optim__critic_warmup_iterations=0, log__save_every=1,
+                rollout__max_new_tokens=6, critic__warmup_iterations=0, log__save_every=1,
                 iterations=ITERATIONS)
 
 

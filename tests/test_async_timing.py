@@ -28,7 +28,7 @@ class SlowPlan:
 @pytest.mark.slow  # ~8 s: .ci/run runs it
 def test_rates_add_up_to_the_wall_clock_with_a_slow_producer(tmp_path):
     cfg = tiny_config(tmp_path, iterations=8, rollout__max_staleness=2, algo__off_policy_correction="tis",
-                      rollout__num_prompts=8, rollout__max_new_tokens=6, optim__critic_warmup_iterations=0,
+                      rollout__num_prompts=8, rollout__max_new_tokens=6, critic__warmup_iterations=0,
                       optim__epochs=1)
     tr = PPOTrainer(cfg, verifier=count_sevens)
     tr.source.plan = SlowPlan(tr.source.plan)

@@ -85,12 +85,12 @@ def test_bad_device_is_refused_before_building_anything(capsys):
 
 def test_w1_config_is_the_spec_workload(tmp_path):
     cfg = bench_workloads.make_config("w1", bench_workloads.W1_SHAPE, ("p", "r", "t"), str(tmp_path), 2, 2)
-    r, a, o = cfg.rollout, cfg.algo, cfg.optim
+    r, a, o, c = cfg.rollout, cfg.algo, cfg.optim, cfg.critic
     assert (r.num_prompts, r.max_new_tokens, r.min_new_tokens, r.temperature) == (64, 64, 64, 1.0)
     assert (o.epochs, o.num_minibatches) == (4, 2)
-    assert (a.kl_estimator, a.kl_coef, a.clip_eps, a.value_clip_eps, a.vf_coef, a.gamma, a.gae_lambda) == (
+    assert (a.kl_estimator, a.kl_coef, a.clip_eps, c.value_clip_eps, c.vf_coef, a.gamma, a.gae_lambda) == (
         "k1", 0.05, 0.2, 0.2, 0.1, 1.0, 0.95)
-    assert (cfg.model.critic, cfg.model.critic_init, cfg.model.dtype) == ("separate", "reward", "float32")
+    assert (cfg.critic.kind, cfg.critic.init, cfg.model.dtype) == ("separate", "reward", "float32")
     w2 = bench_workloads.make_config("w2", bench_workloads.W1_SHAPE, ("p", "r", "t"), str(tmp_path), 2, 2)
     assert w2.rollout.min_new_tokens == 0 and len(w2.rollout.stop_tokens) == 31  # + EOS = 1/16 of 512
 
@@ -164,14 +164,14 @@ def test_w3_config_is_the_peers_workload(tmp_path):
     0.05 in the reward, clip 0.2, value clip 0.2, vf 0.1, γ 1, λ 0.95, lr 1e-6, fp32; a one-label reward
     model from the policy's body as `model.reward`, the separate critic initialised from it."""
     cfg = bench_workloads.make_config("w3", bench_workloads.W3_SHAPE, ("smol.gguf", "rm", None), str(tmp_path), 2, 2)
-    m, d, r, a, o = cfg.model, cfg.data, cfg.rollout, cfg.algo, cfg.optim
+    m, d, r, a, o, c = cfg.model, cfg.data, cfg.rollout, cfg.algo, cfg.optim, cfg.critic
     assert (m.policy, m.reward, m.tokenizer) == ("smol.gguf", "rm", None)  # tokenizer from the policy
-    assert (m.critic, m.critic_init, m.dtype) == ("separate", "reward", "float32")
+    assert (c.kind, c.init, m.dtype) == ("separate", "reward", "float32")
     assert (r.num_prompts, r.samples_per_prompt, r.max_new_tokens, r.min_new_tokens, r.temperature) == (
         16, 1, 32, 32, 1.0)
     assert (r.top_k, r.top_p, r.stop_tokens) == (0, 1.0, [])
-    assert (o.epochs, o.num_minibatches, o.micro_batch_size, o.actor_lr, o.critic_lr) == (4, 2, "auto", 1e-6, 1e-6)
-    assert (a.estimator, a.kl_in, a.kl_estimator, a.kl_coef, a.clip_eps, a.value_clip_eps, a.vf_coef, a.gamma,
+    assert (o.epochs, o.num_minibatches, o.micro_batch_size, o.actor_lr, c.lr) == (4, 2, "auto", 1e-6, 1e-6)
+    assert (a.estimator, a.kl_in, a.kl_estimator, a.kl_coef, a.clip_eps, c.value_clip_eps, c.vf_coef, a.gamma,
             a.gae_lambda) == ("gae", "reward", "k1", 0.05, 0.2, 0.2, 0.1, 1.0, 0.95)
     assert d.chat_template == "auto" and not d.shuffle
     rows = bench_workloads.w3_prompts(48)
@@ -259,8 +259,8 @@ def test_a_critic_variant_reaches_the_config_and_passes_its_checks(tmp_path, set
 
     cfg = bench_workloads.make_config("w1", bench_workloads.W1_SHAPE, ("p", "r", "t"), str(tmp_path), 2, 2,
                                       critic=setup)
-    m = cfg.model
-    assert (m.critic, m.critic_lora_r, cfg.optim.critic_epochs, m.critic_init) == fields
+    c = cfg.critic
+    assert (c.kind, c.lora_r, c.epochs, c.init) == fields
     assert not [u for u in unused_settings(cfg) if u.refused]
 
 

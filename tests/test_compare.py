@@ -169,19 +169,19 @@ def test_each_estimator_runs_in_its_layout_at_the_same_episodes_and_common_gives
 
 def test_per_estimator_sections_apply_to_their_estimator_only_and_are_checked(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("optim:\n  epochs: 3\nper_estimator:\n  gae:\n    optim:\n      critic_lr: 3.0e-3\n"
+    cfg.write_text("optim:\n  epochs: 3\nper_estimator:\n  gae:\n    critic:\n      lr: 3.0e-3\n"
                    "  grpo:\n    rollout:\n      num_prompts: 16\n      samples_per_prompt: 8\n")
     c = compare.parse_args(["--config", str(cfg), "--estimators", "gae,grpo,rloo", "--output-dir", str(tmp_path / "o")])
     compare.check_compare(c)
     gae, grpo, rloo = (compare.run_config(c, e, 0) for e in ("gae", "grpo", "rloo"))
-    assert gae.optim.critic_lr == 3e-3 and rloo.optim.critic_lr == grpo.optim.critic_lr == 1e-3  # the demo's
+    assert gae.critic.lr == 3e-3 and rloo.critic.lr == grpo.critic.lr == 1e-3  # the demo's
     assert (grpo.rollout.num_prompts, grpo.rollout.samples_per_prompt) == (16, 8)
     assert (rloo.rollout.num_prompts, rloo.rollout.samples_per_prompt) == (32, 4)
     assert gae.optim.epochs == grpo.optim.epochs == rloo.optim.epochs == 3  # the file's, for every run
     for text, message in [
         ("per_estimator:\n  gea:\n    optim:\n      epochs: 2\n", "`per_estimator.gea`: unknown estimator"),
-        ("per_estimator:\n  gae:\n    optim:\n      critic_rate: 1\n",
-         "unknown config field `per_estimator.gae.optim.critic_rate`; did you mean `critic_lr`?"),
+        ("per_estimator:\n  gae:\n    critic:\n      l_r: 1\n",
+         "unknown config field `per_estimator.gae.critic.l_r`; did you mean `lr`?"),
         ("per_estimator: [gae]\n", "`per_estimator` must map estimator names to settings"),
         ("per_estimator:\n  gae:\n    optim:\n      actor_lr: fast\n",
          "`per_estimator.gae.optim.actor_lr` must be a number or 'auto', got 'fast'"),
@@ -410,7 +410,7 @@ def test_equal_budgets_read_every_run_where_the_first_run_ended():
 def test_a_variant_of_an_estimator_runs_in_its_layout_under_its_own_name(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(compare, "run_one", _in_process)
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("per_estimator:\n  gae-frozen:\n    algo:\n      estimator: gae\n    model:\n      critic: frozen\n")
+    cfg.write_text("per_estimator:\n  gae-frozen:\n    algo:\n      estimator: gae\n    critic:\n      kind: frozen\n")
     out = tmp_path / "cmp"
     assert main(["compare", "--smoke", "--estimators", "gae,gae-frozen,grpo", "--seeds", "0", "--iterations", "1",
                  "--config", str(cfg), "--output-dir", str(out)]) == 0
@@ -424,7 +424,7 @@ def test_a_variant_of_an_estimator_runs_in_its_layout_under_its_own_name(tmp_pat
 
 
 @pytest.mark.parametrize("text, message", [
-    ("per_estimator:\n  gae-x:\n    model:\n      critic: frozen\n", "make it a variant by setting `algo.estimator`"),
+    ("per_estimator:\n  gae-x:\n    critic:\n      kind: frozen\n", "make it a variant by setting `algo.estimator`"),
     ("per_estimator:\n  gae:\n    algo:\n      estimator: grpo\n", "cannot run another; name a variant"),
 ])
 def test_a_variant_needs_its_estimator(tmp_path, capsys, text, message):

@@ -163,9 +163,10 @@ def test_train_and_demo_help_is_complete_and_plain(capsys, command):
 
     from ppo_lm.cli.demo import DemoConfig
     from ppo_lm.config import train as c
+    from ppo_lm.config.critics import CriticConfig
 
     plain_help(capsys, command)
-    classes = [c.TrainConfig, c.ModelConfig, c.DataConfig, c.RolloutConfig, c.AlgoConfig, c.OptimConfig, c.LogConfig]
+    classes = [c.TrainConfig, c.ModelConfig, c.DataConfig, c.RolloutConfig, c.AlgoConfig, c.OptimConfig, c.LogConfig, CriticConfig]
     for cls in classes + ([DemoConfig] if command == "demo" else []):
         undocumented = [name for name, has_doc in _documented_fields(cls).items() if not has_doc]
         assert not undocumented, (cls.__name__, undocumented)

@@ -11,7 +11,7 @@ import pytest
 from trainer_helpers import tiny_config
 
 from ppo_lm.config import critics
-from ppo_lm.config.train import ModelConfig
+from ppo_lm.config.train import TrainConfig
 from ppo_lm.config.unused import unused_settings
 from ppo_lm.config.unused_rules import Facts
 
@@ -20,9 +20,9 @@ KINDS = critics.CriticKind.REGISTRY
 READ = Facts(files_read=True, torchrun=False, cuda=False, chat_prompts=False)
 
 
-def test_model_critic_takes_the_registered_kinds():
-    hints = typing.get_type_hints(ModelConfig)
-    assert set(typing.get_args(hints["critic"])) == {"auto", *critics.SELECTABLE}
+def test_critic_kind_takes_the_registered_kinds():
+    hints = typing.get_type_hints(critics.CriticConfig)
+    assert set(typing.get_args(hints["kind"])) == {"auto", *critics.SELECTABLE}
     assert set(KINDS) == {*critics.SELECTABLE, "none"}
     for kind in KINDS.values():
         assert kind.settings <= set(critics.KIND_SETTINGS), kind.name
@@ -53,17 +53,17 @@ def test_nothing_outside_the_registry_compares_a_kind_by_name():
 def test_the_unused_setting_rules_follow_each_kinds_settings(tmp_path, name):
     """Each setting only some kinds read is refused with exactly the kinds that do not read it (and with
     every kind under a critic-free estimator)."""
-    given = {"model.critic_init": "policy", "model.critic_lora_r": 4, "model.value_grad_scale": 0.5}
+    given = {"critic.init": "policy", "critic.lora_r": 4, "critic.value_grad_scale": 0.5}
     for field, value in given.items():
-        if field == "model.critic_lora_r" and name == "frozen":
+        if field == "critic.lora_r" and name == "frozen":
             continue  # refused outright: validate.py (test_critic_variants.py)
-        cfg = tiny_config(tmp_path, model__critic=name, **{field.replace(".", "__"): value})
+        cfg = tiny_config(tmp_path, critic__kind=name, **{field.replace(".", "__"): value})
         found = {u.field: u for u in unused_settings(cfg, READ)}
         reads = field in KINDS[name].settings
         assert (field in found) != reads, (name, field, found.get(field))
         if not reads:
             assert found[field].refused and f"a {name} critic" in found[field].message
-        free = tiny_config(tmp_path, model__critic=name, algo__estimator="grpo", rollout__samples_per_prompt=2,
+        free = tiny_config(tmp_path, critic__kind=name, algo__estimator="grpo", rollout__samples_per_prompt=2,
                            **{field.replace(".", "__"): value})
         assert field in {u.field for u in unused_settings(free, READ)}
 
@@ -77,7 +77,7 @@ def test_auto_resolves_in_one_place():
 
 @pytest.mark.parametrize("name, over, line", [
     ("separate", {}, "  critic    BODY"),
-    ("separate", {"critic_lora_r": 4}, "  critic    BODY; its body frozen (LoRA r 4 and the value head train)"),
+    ("separate", {"lora_r": 4}, "  critic    BODY; its body frozen (LoRA r 4 and the value head train)"),
     ("frozen", {}, "  critic    BODY; its body frozen (the value head trains)"),
     ("shared", {}, "  critic    shared: a value head on the policy's body, trained alone (no value-loss gradient "
                    "reaches the body)"),
@@ -85,6 +85,6 @@ def test_auto_resolves_in_one_place():
                                           "gradient × 0.5 into the body"),
 ])
 def test_each_kind_gives_its_banner_line(name, over, line):
-    m = ModelConfig(critic=name, **over)
-    assert KINDS[name].banner(m, "BODY") == line
-    assert critics.NONE.banner(m, "BODY") == ""
+    cfg = TrainConfig(critic=critics.CriticConfig(kind=name, **over))
+    assert KINDS[name].banner(cfg, "BODY") == line
+    assert critics.NONE.banner(cfg, "BODY") == ""

@@ -1,5 +1,5 @@
 """Cheaper critics (docs/critic.md, "What a critic costs"): a LoRA critic on the frozen reference's
-body in full fine-tuning (`model.critic_lora_r`) and a value head on frozen features (`model.critic`
+body in full fine-tuning (`critic.lora_r`) and a value head on frozen features (`critic.kind`
 frozen). Each holds its body by reference, trains only what it should, and resumes bit for bit."""
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from ppo_lm.trainer.banner import banner
 from ppo_lm.trainer.checkpoint.folders import latest_checkpoint
 from ppo_lm.trainer.ppo import PPOTrainer
 
-VARIANTS = {"lora": dict(model__critic_lora_r=4), "frozen": dict(model__critic="frozen")}
+VARIANTS = {"lora": dict(critic__lora_r=4), "frozen": dict(critic__kind="frozen")}
 
 
 def _config(path, variant: str, **kw):
-    kw.setdefault("optim__critic_lr", 1e-2)
+    kw.setdefault("critic__lr", 1e-2)
     return tiny_config(path, **VARIANTS[variant], **kw)
 
 
@@ -122,17 +122,17 @@ def test_a_frozen_critic_on_another_body_is_refused_on_resume(tmp_path, saved_po
 
 
 def test_a_frozen_critic_with_adapters_is_refused_before_anything_loads(tmp_path):
-    cfg = tiny_config(tmp_path, model__critic="frozen", model__critic_lora_r=4)
-    with pytest.raises(ConfigError, match="`model.critic_lora_r`=4 with `model.critic`='frozen'"):
+    cfg = tiny_config(tmp_path, critic__kind="frozen", critic__lora_r=4)
+    with pytest.raises(ConfigError, match="`critic.lora_r`=4 with `critic.kind`='frozen'"):
         validate_config(cfg, 1)
 
 
 @pytest.mark.parametrize("over, field, match", [
-    (dict(model__critic="shared", model__critic_lora_r=4), "model.critic_lora_r", "only a separate critic"),
-    (dict(algo__estimator="grpo", rollout__samples_per_prompt=2, model__critic_lora_r=4), "model.critic_lora_r",
+    (dict(critic__kind="shared", critic__lora_r=4), "critic.lora_r", "only a separate critic"),
+    (dict(algo__estimator="grpo", rollout__samples_per_prompt=2, critic__lora_r=4), "critic.lora_r",
      "has no critic"),
     (dict(model__lora_alpha=8.0), "model.lora_alpha", "no critic has adapters"),
-    (dict(model__critic="frozen", model__value_grad_scale=0.5), "model.value_grad_scale", "a frozen critic"),
+    (dict(critic__kind="frozen", critic__value_grad_scale=0.5), "critic.value_grad_scale", "a frozen critic"),
 ])
 def test_a_critic_setting_nothing_uses_is_named(tmp_path, over, field, match):
     from ppo_lm.config.unused import unused_settings
@@ -145,16 +145,16 @@ def test_a_critic_setting_nothing_uses_is_named(tmp_path, over, field, match):
 def test_critic_adapters_use_the_lora_settings(tmp_path):
     from ppo_lm.config.unused import unused_settings
 
-    cfg = tiny_config(tmp_path, model__critic_lora_r=4, model__lora_alpha=8.0)
+    cfg = tiny_config(tmp_path, critic__lora_r=4, model__lora_alpha=8.0)
     assert not [u for u in unused_settings(cfg) if u.field.startswith("model.")]
 
 
 def test_auto_gives_a_small_policy_a_value_head_that_trains_alone(tmp_path):
-    tr = PPOTrainer(tiny_config(tmp_path, model__critic="auto"), verifier=length_reward)
+    tr = PPOTrainer(tiny_config(tmp_path, critic__kind="auto"), verifier=length_reward)
     assert tr.models.critic is None and tr.models.policy.value_head is not None and tr.models.policy.value_grad_scale == 0.0
-    assert tr.sized.values["model.critic"] == "shared"
+    assert tr.sized.values["critic.kind"] == "shared"
     text = banner(tr)
-    assert "critic    shared: a value head on the policy's body, trained alone" in text and "model.critic shared" in text
+    assert "critic    shared: a value head on the policy's body, trained alone" in text and "critic.kind shared" in text
     trunk_before = {n: p.detach().clone() for n, p in tr.models.policy.lm.named_parameters()}
     tr.training.learner.zero_grad()
     batch = tr.rollout(1)
@@ -171,6 +171,6 @@ def test_auto_gives_a_small_policy_a_value_head_that_trains_alone(tmp_path):
 
 
 def test_a_setting_the_auto_critic_ignores_is_named_once_the_policy_loads(tmp_path):
-    cfg = tiny_config(tmp_path, model__critic="auto", model__critic_lora_r=4)
-    with pytest.raises(ConfigError, match="`model.critic_lora_r`=4 is unused.*auto resolved to 'shared'"):
+    cfg = tiny_config(tmp_path, critic__kind="auto", critic__lora_r=4)
+    with pytest.raises(ConfigError, match="`critic.lora_r`=4 is unused.*auto resolved to 'shared'"):
         PPOTrainer(cfg, verifier=length_reward)

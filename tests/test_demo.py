@@ -65,7 +65,7 @@ def test_demo_with_lora_adapters_learns(tmp_path, head):
     cfg = DemoConfig(output_dir=str(tmp_path), threads=2, eval_every=1000)
     cfg.ppo.iterations = 300
     cfg.ppo.model.lora_r, cfg.ppo.model.lora_alpha, cfg.ppo.model.lora_head = 16, 32.0, head
-    cfg.ppo.optim.actor_lr = cfg.ppo.optim.critic_lr = 1e-3
+    cfg.ppo.optim.actor_lr = cfg.ppo.critic.lr = 1e-3
     summary = run_demo(cfg)
     policy = tmp_path / "ppo" / "checkpoints" / "iter_000300" / "policy"
     assert (policy / "adapter_model.safetensors").is_file() and not (policy / "model.safetensors").exists()

@@ -91,7 +91,7 @@ def _train_args(out, iterations, *extra):
     return ["-m", "ppo_lm", "train", "--output-dir", str(out), "--iterations", str(iterations),
             "--model.builtin-hidden-size", "32", "--rollout.num-prompts", "8", "--rollout.max-new-tokens", "4",
             "--optim.epochs", "1", "--log.save-every", "1", "--log.no-progress", "--log.no-tensorboard",
-            "--model.reward", "trainer_helpers:length_reward", "--model.critic", "separate", *extra]
+            "--model.reward", "trainer_helpers:length_reward", "--critic.kind", "separate", *extra]
 
 
 def _metric_rows(path):

@@ -111,7 +111,7 @@ def test_reward_model_and_critic_init_directories_are_checked(tmp_path, capsys, 
     out = ["--output-dir", str(tmp_path / "run")]
     err = _train(capsys, "--model.reward", str(saved_policy), *out)
     assert "`model.reward`" in err and "not a one-label sequence-classification reward model" in err
-    assert "does not exist" in _train(capsys, "--model.critic-init", str(tmp_path / "nope"), *out)
+    assert "does not exist" in _train(capsys, "--critic.init", str(tmp_path / "nope"), *out)
 
 
 def test_cheap_checks_come_before_any_model(tmp_path, capsys, no_model_loads):

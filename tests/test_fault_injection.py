@@ -35,7 +35,7 @@ ITERATIONS = 14
 ARGS = (
     "--threads 1 --model.builtin-hidden-size 128 --data.builtin-num-prompts 256 --rollout.num-prompts 64 "
     "--rollout.max-new-tokens 32 --optim.epochs 2 --log.save-every 1 --log.keep-last 1 --log.no-progress "
-    "--log.no-tensorboard --model.critic separate"  # a critic model of its own: its save is a kill point too
+    "--log.no-tensorboard --critic.kind separate"  # a critic model of its own: its save is a kill point too
 ).split()
 # Where a save can be killed, in the order it gets there (see state.save_checkpoint and checkpoint.commit).
 SAVE_POINTS = ("begin", "policy", "critic", "trainer_state", "fsync", "manifest", "publish", "prune")
@@ -47,7 +47,7 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 SMALL = (
     "--threads 1 --model.builtin-hidden-size 32 --data.builtin-num-prompts 64 --rollout.num-prompts 8 "
     "--rollout.max-new-tokens 4 --optim.epochs 1 --log.save-every 1 --log.no-progress --log.no-tensorboard "
-    "--model.critic separate"
+    "--critic.kind separate"
 ).split()
 # ppo-lm under a file size limit: a write past it fails with EFBIG, as one fails with ENOSPC on a full disk
 LIMITED = (

@@ -156,7 +156,7 @@ def _weights(tr):
 
 @pytest.mark.parametrize("overrides", [
     {},  # separate critic: policy and critic each split over the lanes
-    {"model__critic": "shared"},
+    {"critic__kind": "shared"},
     {"algo__estimator": "grpo", "rollout__samples_per_prompt": 2, "algo__kl_in": "loss"},
     {"optim__micro_batch_size": 4, "algo__entropy_coef": 0.01},
 ])
@@ -181,7 +181,7 @@ def test_update_with_two_lanes_equals_one_lane(tmp_path, overrides):
 @pytest.mark.parametrize("critic,reward_model", [("separate", False), ("shared", False), ("separate", True)])
 def test_scoring_with_two_lanes_equals_one_lane(tmp_path, critic, reward_model):
     """Each lane runs every scoring model (policy, critic, reference, reward model) on its rows."""
-    extra = {"model__critic": critic}
+    extra = {"critic__kind": critic}
     if reward_model:
         from dist_worker import save_reward_model
 

@@ -108,7 +108,7 @@ def test_the_lean_path_runs_adapters_as_transformers_does(monkeypatch):
 
 @pytest.mark.parametrize("head", [False, True])
 def test_only_adapters_and_heads_train_and_the_reference_stays_the_base(tmp_path, head):
-    cfg = _lora_config(tmp_path, iterations=3, optim__actor_lr=1e-2, optim__critic_lr=1e-2, model__lora_head=head)
+    cfg = _lora_config(tmp_path, iterations=3, optim__actor_lr=1e-2, critic__lr=1e-2, model__lora_head=head)
     tr = PPOTrainer(cfg, verifier=length_reward)
     assert tr.models.ref.lm is tr.models.policy.lm  # one copy of the weights
     trained = {n for n, p in tr.models.policy.lm.named_parameters() if p.requires_grad}
@@ -129,7 +129,7 @@ def test_only_adapters_and_heads_train_and_the_reference_stays_the_base(tmp_path
 
 
 def test_the_critics_frozen_body_is_the_donors_weights_not_a_copy(tmp_path):
-    tr = PPOTrainer(_lora_config(tmp_path, model__critic_init="policy"), verifier=count_sevens)
+    tr = PPOTrainer(_lora_config(tmp_path, critic__init="policy"), verifier=count_sevens)
     policy = dict(tr.models.policy.lm.model.named_parameters())
     shared = [n for n, p in tr.models.critic.model.model.named_parameters()
               if n.replace(".base_layer.", ".") in {k.replace(".base_layer.", ".") for k in policy}

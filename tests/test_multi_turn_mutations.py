@@ -73,7 +73,7 @@ def value_of(tr, ids: list[int]) -> float:
 
 @pytest.mark.parametrize("critic", ["separate", "shared"])
 def test_the_turn_limit_bootstraps_from_v_after_the_trailing_observation(tmp_path, env_file, critic):
-    tr = make_trainer(tmp_path, env_file, "Endless", rollout__max_turns=2, model__critic=critic,
+    tr = make_trainer(tmp_path, env_file, "Endless", rollout__max_turns=2, critic__kind=critic,
                       algo__bootstrap_truncated=True, algo__gamma=1.0, algo__gae_lambda=1.0, algo__kl_coef=0.0,
                       algo__whiten_advantages=False)
     # a critic that is not zero: V depends on the context, so where it is read matters

@@ -208,7 +208,7 @@ def test_none_chosen_leaves_every_weight_at_one_and_says_what_the_lag_did():
 
 def test_a_stale_run_with_none_chosen_logs_the_ratios_it_does_not_correct(tmp_path):
     cfg = tiny_config(tmp_path, iterations=3, rollout__max_staleness=1, algo__off_policy_correction="none",
-                      rollout__num_prompts=8, rollout__max_new_tokens=6, optim__critic_warmup_iterations=0)
+                      rollout__num_prompts=8, rollout__max_new_tokens=6, critic__warmup_iterations=0)
     history = PPOTrainer(cfg, verifier=count_sevens).train()
     assert history[-1]["staleness_max"] == 1 and history[-1]["is_weight_max"] != 1
     assert all(m["off_policy_cut_frac"] == 0 for m in history)

@@ -98,7 +98,7 @@ def test_a_critic_from_the_reward_model_starts_on_the_rewards_scale():
     from it must predict that, not the raw score, at the scored (last) position."""
     from transformers import Qwen2ForSequenceClassification
 
-    from ppo_lm.config.train import ModelConfig
+    from ppo_lm.config.train import TrainConfig
     from ppo_lm.models.actor_critic import REWARD_MEAN_KEY, REWARD_STD_KEY, sequence_scores
     from ppo_lm.trainer.roles import build_critic
 
@@ -107,7 +107,7 @@ def test_a_critic_from_the_reward_model_starts_on_the_rewards_scale():
     rm = Qwen2ForSequenceClassification(Qwen2Config(**SMALL, num_labels=1)).eval()
     setattr(rm.config, REWARD_MEAN_KEY, 0.7)
     setattr(rm.config, REWARD_STD_KEY, 0.25)
-    critic = build_critic(ModelConfig(), policy, rm).eval()
+    critic = build_critic(TrainConfig(), policy, rm).eval()
     ids, mask, P = _batch()
     mask = torch.ones_like(mask)  # full rows: the last position is the scored one
     with torch.no_grad():

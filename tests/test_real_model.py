@@ -98,8 +98,8 @@ def test_the_default_learning_rates_keep_smollm2_near_its_reference(tmp_path, ca
                "--log.report-to", "--log.save-every", "0", "--threads", "2"])
     out = capsys.readouterr()
     assert rc == 0, out.err
-    assert ("auto      optim.actor_lr 1e-6 · optim.critic_lr 1e-4 · rollout.max_new_tokens 128 · "
-            "algo.bootstrap_truncated false · model.critic shared") in out.out  # a value head on the policy
+    assert ("auto      optim.actor_lr 1e-6 · critic.lr 1e-4 · rollout.max_new_tokens 128 · "
+            "algo.bootstrap_truncated false · critic.kind shared") in out.out  # a value head on the policy
     its = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in its] == [1, 2]
     assert its[-1]["lr_actor"] == 1e-6 and its[-1]["lr_critic"] == 1e-4 and its[-1]["response_length_max"] > 8

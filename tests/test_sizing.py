@@ -16,31 +16,31 @@ from ppo_lm.config.train import TrainConfig
 def test_auto_resolves_by_parameter_count_and_leaves_given_values_alone():
     cfg = TrainConfig()
     small = resolve_auto(cfg, 140_000)
-    assert (small.cfg.optim.actor_lr, small.cfg.optim.critic_lr, small.cfg.rollout.max_new_tokens) == (3e-4, 1e-3, 8)
+    assert (small.cfg.optim.actor_lr, small.cfg.critic.lr, small.cfg.rollout.max_new_tokens) == (3e-4, 1e-3, 8)
     assert small.cfg.algo.bootstrap_truncated is True
-    assert small.cfg.model.critic == "shared" and small.values["model.critic"] == "shared"
+    assert small.cfg.critic.kind == "shared" and small.values["critic.kind"] == "shared"
     large = resolve_auto(cfg, LARGE_MODEL_PARAMETERS)
-    assert (large.cfg.optim.actor_lr, large.cfg.optim.critic_lr, large.cfg.rollout.max_new_tokens) == (1e-6, 1e-4, 128)
+    assert (large.cfg.optim.actor_lr, large.cfg.critic.lr, large.cfg.rollout.max_new_tokens) == (1e-6, 1e-4, 128)
     assert large.cfg.algo.bootstrap_truncated is False
-    assert large.values == {"optim.actor_lr": 1e-6, "optim.critic_lr": 1e-4, "rollout.max_new_tokens": 128,
-                            "algo.bootstrap_truncated": False, "model.critic": "shared"}
+    assert large.values == {"optim.actor_lr": 1e-6, "critic.lr": 1e-4, "rollout.max_new_tokens": 128,
+                            "algo.bootstrap_truncated": False, "critic.kind": "shared"}
     assert "134.52 M parameters, ≥ 10 M: large model" in resolve_auto(cfg, 134_515_008).reason
     billion = resolve_auto(cfg, BILLION_PARAMETERS)
-    assert (billion.cfg.optim.critic_lr, billion.cfg.algo.bootstrap_truncated) == (1e-5, False)
-    assert billion.cfg.model.critic == "separate"  # unmeasured at that size: the peers' separate critic
+    assert (billion.cfg.critic.lr, billion.cfg.algo.bootstrap_truncated) == (1e-5, False)
+    assert billion.cfg.critic.kind == "separate"  # unmeasured at that size: the peers' separate critic
     assert billion.cfg.optim.actor_lr == LARGE.actor_lr
     assert "1.00 B parameters, ≥ 1 B: billion-scale model" in billion.reason
-    assert resolve_auto(cfg, BILLION_PARAMETERS - 1).cfg.optim.critic_lr == 1e-4
+    assert resolve_auto(cfg, BILLION_PARAMETERS - 1).cfg.critic.lr == 1e-4
     assert cfg.optim.actor_lr == "auto" and cfg.algo.bootstrap_truncated == "auto"  # the given config is not changed
     cfg.model.lora_r = 16  # adapters start at zero: ten times the rate
     assert resolve_auto(cfg, 10**8).cfg.optim.actor_lr == LARGE.actor_lr_lora == 1e-5
     assert resolve_auto(cfg, 10**5).cfg.optim.actor_lr == SMALL.actor_lr_lora
     cfg.optim.actor_lr, cfg.rollout.max_new_tokens, cfg.algo.bootstrap_truncated = 2e-6, 32, True
-    cfg.model.critic = "frozen"
+    cfg.critic.kind = "frozen"
     given = resolve_auto(cfg, 10**8)
     assert (given.cfg.optim.actor_lr, given.cfg.rollout.max_new_tokens) == (2e-6, 32)
-    assert given.cfg.algo.bootstrap_truncated is True and given.cfg.model.critic == "frozen"
-    assert given.values == {"optim.critic_lr": 1e-4}
+    assert given.cfg.algo.bootstrap_truncated is True and given.cfg.critic.kind == "frozen"
+    assert given.values == {"critic.lr": 1e-4}
 
 
 def test_an_environments_episodes_take_the_separate_critic_at_every_size(tmp_path):
@@ -48,18 +48,18 @@ def test_an_environments_episodes_take_the_separate_critic_at_every_size(tmp_pat
     cfg.rollout.env = "builtin:equations_retry"
     for parameters in (140_000, 10**8, BILLION_PARAMETERS):
         got = resolve_auto(cfg, parameters)
-        assert got.cfg.model.critic == got.values["model.critic"] == "separate"
+        assert got.cfg.critic.kind == got.values["critic.kind"] == "separate"
     assert resolve_auto(cfg, 10**8).reason.endswith("; separate critic: an environment's episodes")
     assert "environment" not in resolve_auto(cfg, BILLION_PARAMETERS).reason  # separate there anyway
     cfg.algo.estimator = "reinforce++"  # no critic: nothing said about one
     assert "environment" not in resolve_auto(cfg, 10**8).reason
     from ppo_lm.config.unused import unused_settings
 
-    given = tiny_config(tmp_path, rollout__env="builtin:equations_retry", model__critic="auto",
-                        model__value_grad_scale=0.5)
+    given = tiny_config(tmp_path, rollout__env="builtin:equations_retry", critic__kind="auto",
+                        critic__value_grad_scale=0.5)
     found = {u.field: u for u in unused_settings(given)}
-    assert found["model.value_grad_scale"].refused
-    assert "'auto' resolves to 'separate' with `rollout.env`" in found["model.value_grad_scale"].message
+    assert found["critic.value_grad_scale"].refused
+    assert "'auto' resolves to 'separate' with `rollout.env`" in found["critic.value_grad_scale"].message
 
 
 def test_a_critic_free_run_resolves_the_critics_settings_without_listing_them():
@@ -68,7 +68,7 @@ def test_a_critic_free_run_resolves_the_critics_settings_without_listing_them():
     cfg.algo.estimator = "grpo"
     got = resolve_auto(cfg, 10**8)
     assert set(got.values) == {"optim.actor_lr", "rollout.max_new_tokens"}
-    assert (got.cfg.optim.critic_lr, got.cfg.algo.bootstrap_truncated) == (1e-4, False)
+    assert (got.cfg.critic.lr, got.cfg.algo.bootstrap_truncated) == (1e-4, False)
 
 
 def test_an_auto_response_limit_leaves_half_the_context_and_respects_min_new_tokens():
@@ -87,16 +87,16 @@ def test_the_builtin_model_trains_with_the_small_rates_and_the_banner_says_so(tm
     from ppo_lm.trainer.ppo import PPOTrainer
 
     cfg = tiny_config(tmp_path / "run")
-    cfg.optim.actor_lr = cfg.optim.critic_lr = cfg.rollout.max_new_tokens = "auto"
+    cfg.optim.actor_lr = cfg.critic.lr = cfg.rollout.max_new_tokens = "auto"
     trainer = PPOTrainer(cfg)
     assert _optimiser_rates(trainer) == (3e-4, 1e-3) and trainer.sampler.sampling.max_new_tokens == 8
     out = capsys.readouterr().out
-    assert ("auto      optim.actor_lr 3e-4 · optim.critic_lr 1e-3 · rollout.max_new_tokens 8 · "
+    assert ("auto      optim.actor_lr 3e-4 · critic.lr 1e-3 · rollout.max_new_tokens 8 · "
             "algo.bootstrap_truncated true · optim.micro_batch_size 0 (policy of") in out
     assert "< 10 M: small model" in out
     trainer.train()
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert saved["optim"]["actor_lr"] == saved["optim"]["critic_lr"] == saved["rollout"]["max_new_tokens"] == "auto"
+    assert saved["optim"]["actor_lr"] == saved["critic"]["lr"] == saved["rollout"]["max_new_tokens"] == "auto"
     assert saved["optim"]["micro_batch_size"] == saved["algo"]["bootstrap_truncated"] == "auto"
 
 
@@ -109,7 +109,7 @@ def test_a_model_past_the_bound_trains_with_the_large_rates(tmp_path, capsys):
     tok = build_tokenizer()
     lm = build_tiny_policy(tok, seed=0, hidden_size=512, num_layers=4, max_position_embeddings=64)
     assert sum(p.numel() for p in lm.parameters()) >= LARGE_MODEL_PARAMETERS
-    cfg = tiny_config(tmp_path / "run", optim__actor_lr="auto", optim__critic_lr="auto",
+    cfg = tiny_config(tmp_path / "run", optim__actor_lr="auto", critic__lr="auto",
                       rollout__max_new_tokens="auto", rollout__num_prompts=2, optim__num_minibatches=1,
                       optim__epochs=1)
     trainer = PPOTrainer(cfg, policy=lm, tokenizer=tok)
@@ -117,7 +117,7 @@ def test_a_model_past_the_bound_trains_with_the_large_rates(tmp_path, capsys):
     assert trainer.sampler.sampling.max_new_tokens == 32  # half the 64-token context
     assert trainer.cfg.algo.bootstrap_truncated is False
     out = capsys.readouterr().out
-    assert "optim.critic_lr 1e-4 · rollout.max_new_tokens 32 · algo.bootstrap_truncated false" in out
+    assert "critic.lr 1e-4 · rollout.max_new_tokens 32 · algo.bootstrap_truncated false" in out
     assert "large model" in out
 
 

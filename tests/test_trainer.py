@@ -56,7 +56,7 @@ def test_logp_old_matches_training_forward_on_a_minibatch(tmp_path):
 
 @pytest.mark.parametrize("critic", ["separate", "shared"])
 def test_both_critics_train(tmp_path, critic):
-    cfg = tiny_config(tmp_path, iterations=3, model__critic=critic, rollout__num_prompts=16)
+    cfg = tiny_config(tmp_path, iterations=3, critic__kind=critic, rollout__num_prompts=16)
     tr = PPOTrainer(cfg, verifier=count_sevens)
     head = tr.models.policy.value_head if critic == "shared" else tr.models.critic.model.score
     before = head.weight.detach().clone()
@@ -77,7 +77,7 @@ def test_critic_free_estimators_build_no_critic(tmp_path):
 
 
 def test_critic_warmup_freezes_policy(tmp_path):
-    cfg = tiny_config(tmp_path, optim__critic_warmup_iterations=1)
+    cfg = tiny_config(tmp_path, critic__warmup_iterations=1)
     tr = PPOTrainer(cfg, verifier=lambda prompts, responses, **kw: [1.0] * len(prompts))
     before = [p.detach().clone() for p in tr.models.policy.lm.parameters()]
     critic_before = tr.models.critic.model.score.weight.detach().clone()

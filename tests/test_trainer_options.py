@@ -18,15 +18,15 @@ from ppo_lm.trainer.ppo import PPOTrainer
     [
         {"algo__kl_in": "loss", "algo__kl_estimator": "k3"},
         {"algo__adaptive_kl_target": 0.5, "algo__adaptive_kl_horizon": 100.0},
-        {"algo__critic_lambda": 1.0, "algo__adaptive_lambda_alpha": 0.5},
-        {"algo__critic_target": "score"},
-        {"algo__clip_eps_high": 0.28, "algo__dual_clip": 3.0, "algo__value_clip_eps": None},
+        {"critic__gae_lambda": 1.0, "algo__adaptive_lambda_alpha": 0.5},
+        {"critic__target": "score"},
+        {"algo__clip_eps_high": 0.28, "algo__dual_clip": 3.0, "critic__value_clip_eps": None},
         {"algo__loss_agg": "seq-mean-token-mean", "algo__entropy_coef": 0.01},
         {"algo__loss_agg": "seq-mean-token-sum-norm", "algo__whiten_advantages": False},
         {"algo__estimator": "dr_grpo", "rollout__samples_per_prompt": 2, "algo__loss_agg": "seq-mean-token-sum-norm"},
         {"algo__estimator": "rloo", "rollout__samples_per_prompt": 2, "algo__policy_loss": "pg"},
         {"optim__schedule": "cosine", "optim__warmup_steps": 2, "rollout__top_k": 5, "rollout__top_p": 0.9},
-        {"model__critic": "shared", "model__value_grad_scale": 0.0},
+        {"critic__kind": "shared", "critic__value_grad_scale": 0.0},
         {"rollout__missing_eos_penalty": 1.0, "rollout__forward_batch_size": 3},
     ],
 )
@@ -284,24 +284,24 @@ def _one_iteration(tmp_path, name, **overrides):
 
 
 def test_critic_epochs_give_the_critic_its_own_passes_and_leave_the_other_model_as_it_was(tmp_path):
-    """optim.critic_epochs: the epochs past the shorter count train one model alone. The epochs both
+    """critic.epochs: the epochs past the shorter count train one model alone. The epochs both
     share draw the same shuffles, so the policy after epochs 1 with critic_epochs 3 is the policy of
     epochs 1 alone, and the critic after critic_epochs 1 with epochs 3 is the critic of epochs 1."""
     base, a0, c0 = _one_iteration(tmp_path, "base", optim__epochs=1)
-    more, a1, c1 = _one_iteration(tmp_path, "critic3", optim__epochs=1, optim__critic_epochs=3)
-    fewer, a2, c2 = _one_iteration(tmp_path, "actor3", optim__epochs=3, optim__critic_epochs=1)
+    more, a1, c1 = _one_iteration(tmp_path, "critic3", optim__epochs=1, critic__epochs=3)
+    fewer, a2, c2 = _one_iteration(tmp_path, "actor3", optim__epochs=3, critic__epochs=1)
     assert (a0, c0) == (2, 2) and (a1, c1) == (2, 6) and (a2, c2) == (6, 2)  # optimiser steps: 2 minibatches
     same = lambda m1, m2: all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))  # noqa: E731
     assert same(base.models.policy, more.models.policy) and not same(base.models.critic, more.models.critic)
     assert same(base.models.critic, fewer.models.critic) and not same(base.models.policy, fewer.models.policy)
 
 
-@pytest.mark.parametrize("field", ["critic_epochs", "critic_warmup_iterations"])
+@pytest.mark.parametrize("field", ["epochs", "warmup_iterations"])
 def test_critic_settings_with_a_critic_free_estimator_are_refused(tmp_path, field):
     from ppo_lm.runtime.errors import ConfigError
 
-    cfg = tiny_config(tmp_path, algo__estimator="grpo", rollout__samples_per_prompt=2, **{f"optim__{field}": 2})
-    with pytest.raises(ConfigError, match=rf"`optim.{field}`=2 has no critic to train: `algo.estimator`='grpo'"):
+    cfg = tiny_config(tmp_path, algo__estimator="grpo", rollout__samples_per_prompt=2, **{f"critic__{field}": 2})
+    with pytest.raises(ConfigError, match=rf"`critic.{field}`=2 has no critic to train: `algo.estimator`='grpo'"):
         PPOTrainer(cfg, verifier=length_reward)
 
 

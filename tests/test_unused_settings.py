@@ -64,23 +64,23 @@ GRPO = {"algo__estimator": "grpo", "rollout__samples_per_prompt": 2}
 
 @pytest.mark.parametrize("overrides,field,why", [
     # the critic and GAE with a critic-free estimator (each is used by gae: checked below)
-    ({**GRPO, "optim__critic_epochs": 2}, "optim.critic_epochs", "has no critic to train: `algo.estimator`='grpo'"),
+    ({**GRPO, "critic__epochs": 2}, "critic.epochs", "has no critic to train: `algo.estimator`='grpo'"),
     ({**GRPO, "algo__bootstrap_truncated": True}, "algo.bootstrap_truncated", "has no effect: `algo.estimator`='grpo'"),
     ({**GRPO, "algo__gae_lambda": 0.9}, "algo.gae_lambda", "is unused: `algo.estimator`='grpo' has no critic"),
-    ({**GRPO, "algo__vf_coef": 0.5}, "algo.vf_coef", "has no critic"),
-    ({**GRPO, "algo__value_clip_eps": None}, "algo.value_clip_eps", "has no critic"),
-    ({**GRPO, "model__critic": "shared"}, "model.critic", "has no critic"),
-    ({**GRPO, "algo__critic_target": "score"}, "algo.critic_target", "has no critic"),
+    ({**GRPO, "critic__vf_coef": 0.5}, "critic.vf_coef", "has no critic"),
+    ({**GRPO, "critic__value_clip_eps": None}, "critic.value_clip_eps", "has no critic"),
+    ({**GRPO, "critic__kind": "shared"}, "critic.kind", "has no critic"),
+    ({**GRPO, "critic__target": "score"}, "critic.target", "has no critic"),
     ({**GRPO, "algo__whiten_advantages": False}, "algo.whiten_advantages", "whitens only gae's advantages"),
     ({**GRPO, "algo__gamma": 0.9}, "algo.gamma", "builds its advantages from the scores alone"),
     # the KL and the policy loss
     ({"algo__kl_coef": 0.0, "algo__kl_clamp": 5.0}, "algo.kl_clamp", "no KL term to clamp"),
     ({"algo__kl_clamp": 5.0}, "algo.kl_clamp", "only a KL loss term is clamped, and `algo.kl_in` resolves to 'reward'"),
-    ({"algo__critic_target": "score", "algo__kl_in": "loss"}, "algo.critic_target", "the KL is not in the reward"),
+    ({"critic__target": "score", "algo__kl_in": "loss"}, "critic.target", "the KL is not in the reward"),
     ({"algo__adaptive_kl_horizon": 500.0}, "algo.adaptive_kl_horizon", "`algo.adaptive_kl_target` is not set"),
     ({"algo__policy_loss": "pg", "algo__clip_eps_high": 0.28}, "algo.clip_eps_high", "'pg' does not clip"),
-    ({"model__critic": "separate", "model__value_grad_scale": 0.5}, "model.value_grad_scale", "a separate critic"),
-    ({"model__critic": "frozen", "model__value_grad_scale": 0.5}, "model.value_grad_scale", "a frozen critic"),
+    ({"critic__kind": "separate", "critic__value_grad_scale": 0.5}, "critic.value_grad_scale", "a separate critic"),
+    ({"critic__kind": "frozen", "critic__value_grad_scale": 0.5}, "critic.value_grad_scale", "a frozen critic"),
     # the off-policy correction's parts (docs/algorithm.md §1.6) and the producer
     ({"algo__is_veto": 1e-4}, "algo.is_veto", "no `algo.off_policy_correction`"),
     ({"algo__off_policy_correction": "token-mask", "algo__is_cap": 3.0}, "algo.is_cap", "truncates or caps nothing"),
@@ -118,8 +118,8 @@ def test_settings_a_run_ignores_are_refused_from_the_settings_alone(tmp_path, ov
      "turn rewards replace `model.reward`"),
     ({"rollout__env": "builtin:equations_retry", "model__gold_reward": "builtin:equations"}, "model.gold_reward",
      "no verifier scores the episodes"),
-    ({"model__critic_init": "reward"}, "model.critic_init", "`model.reward` names verifiers only"),
-    ({"model__critic": "shared", "rollout__logp_from_sampler": True}, "rollout.logp_from_sampler",
+    ({"critic__init": "reward"}, "critic.init", "`model.reward` names verifiers only"),
+    ({"critic__kind": "shared", "rollout__logp_from_sampler": True}, "rollout.logp_from_sampler",
      "the shared critic's values need the policy's scoring forward"),
     ({"model__fsdp": True}, "model.fsdp", "this run is one process"),
 ])
@@ -150,12 +150,12 @@ def test_a_named_file_is_checked_even_where_the_run_ignores_it(tmp_path, saved_p
     with pytest.raises(ConfigError, match="no_such_module_xyz"):
         preflight(_cfg(tmp_path, model__gold_reward="no_such_module_xyz:score", **env))
     grpo = {"algo__estimator": "grpo", "rollout__samples_per_prompt": 2}
-    with pytest.raises(UserError, match=r"`model.critic_init` '.*nowhere' does not exist"):
-        preflight(_cfg(tmp_path, model__critic_init=str(tmp_path / "nowhere"), **grpo))
-    with pytest.raises(ConfigError, match=r"^`model.critic_init`='.*' is unused: `algo.estimator`='grpo' has no critic"):
-        preflight(_cfg(tmp_path, model__critic_init=str(saved_policy), **grpo))
+    with pytest.raises(UserError, match=r"`critic.init` '.*nowhere' does not exist"):
+        preflight(_cfg(tmp_path, critic__init=str(tmp_path / "nowhere"), **grpo))
+    with pytest.raises(ConfigError, match=r"^`critic.init`='.*' is unused: `algo.estimator`='grpo' has no critic"):
+        preflight(_cfg(tmp_path, critic__init=str(saved_policy), **grpo))
     with pytest.raises(ConfigError, match=r"is unused: a shared critic"):
-        preflight(_cfg(tmp_path, model__critic_init=str(saved_policy), model__critic="shared"))
+        preflight(_cfg(tmp_path, critic__init=str(saved_policy), critic__kind="shared"))
     one_file = _jsonl(tmp_path / "p.jsonl", [{"prompt": "Solve x=1\n"}] * 4)
     with pytest.raises(ConfigError, match=r"`data.split`='validation' is unused: `data.prompts` '.*p.jsonl' is one file"):
         preflight(_cfg(tmp_path, data__prompts=one_file, data__split="validation"))
@@ -167,10 +167,10 @@ def test_the_same_settings_are_used_where_the_path_reads_them(tmp_path, no_model
     preflight(_cfg(tmp_path, rollout__env="builtin:equations_retry", rollout__max_turns=3, rollout__env_timeout_s=5.0,
                    data__eval_prompts="builtin:equations", log__eval_every=2, log__eval_samples=4,
                    log__eval_pass_score=0.5, data__builtin_eval_prompts=8, data__eval_max_prompts=4))
-    preflight(_cfg(tmp_path, algo__kl_in="loss", algo__kl_clamp=5.0, model__critic="shared",
-                   model__value_grad_scale=0.5, log__sample_every=2, log__num_samples=2,
+    preflight(_cfg(tmp_path, algo__kl_in="loss", algo__kl_clamp=5.0, critic__kind="shared",
+                   critic__value_grad_scale=0.5, log__sample_every=2, log__num_samples=2,
                    log__report_to=["mlflow"], log__run_name="mine"))
-    preflight(_cfg(tmp_path, algo__critic_target="score", algo__adaptive_kl_target=1.0,
+    preflight(_cfg(tmp_path, critic__target="score", algo__adaptive_kl_target=1.0,
                    algo__adaptive_kl_horizon=500.0, rollout__logp_from_sampler=True))
     assert unused_settings(_cfg(tmp_path, model__lora_r=4, model__lora_alpha=8.0, model__fsdp=True,
                                 model__fsdp_bf16=True), Facts(files_read=True, torchrun=True)) == []
@@ -182,17 +182,17 @@ def test_shared_settings_only_warn_and_the_run_goes_on(tmp_path, no_model_loads)
     one warning each, no error."""
     prompts = _jsonl(tmp_path / "p.jsonl", [{"prompt": "Solve x=1\n"}] * 4)
     cfg = tiny_config(tmp_path / "run", data__prompts=prompts, algo__estimator="rloo", rollout__samples_per_prompt=2,
-                      optim__critic_lr=1e-3)
+                      critic__lr=1e-3)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         preflight(cfg)
     got = sorted(str(w.message) for w in seen)
     assert got == [
+        "`critic.lr`=0.001 is unused: `algo.estimator`='rloo' has no critic, and this setting is the critic's or "
+        "GAE's; leave it out, or pass `--critic.lr auto` over a preset that sets it (the demo's does; `ppo-lm "
+        "compare` gives it to every estimator)",
         "`data.builtin_num_prompts`=64 is unused: `data.prompts` is '" + prompts + "', not the built-in task's prompts; "
-        "leave it out",
-        "`optim.critic_lr`=0.001 is unused: `algo.estimator`='rloo' has no critic, and this setting is the critic's or "
-        "GAE's; leave it out, or pass `--optim.critic-lr auto` over a preset that sets it (the demo's does; `ppo-lm "
-        "compare` gives it to every estimator)"], got
+        "leave it out"], got
     assert all(not u.refused for u in unused_settings(cfg, KNOWN))
 
 

@@ -28,7 +28,7 @@ from ppo_lm.trainer.update import NonFiniteLossError
         ({"rollout__top_p": 0.0}, "top_p"),
         ({"algo__gamma": -0.1}, "gamma"),
         ({"algo__gae_lambda": 1.2}, "gae_lambda"),
-        ({"algo__critic_lambda": 2.0}, "critic_lambda"),
+        ({"critic__gae_lambda": 2.0}, "critic.gae_lambda"),
         ({"algo__clip_eps": 0.0}, "clip_eps"),
         ({"algo__dual_clip": 1.0}, "dual_clip"),
         ({"algo__estimator": "ppo2"}, "estimator"),
@@ -37,7 +37,7 @@ from ppo_lm.trainer.update import NonFiniteLossError
         ({"iterations": 0}, "iterations"),
         ({"seed": 2**63}, "seed"),
         ({"model__cpu_lanes": -1}, "model.cpu_lanes"),
-        ({"model__value_grad_scale": 2.0}, "value_grad_scale"),
+        ({"critic__value_grad_scale": 2.0}, "value_grad_scale"),
         ({"log__report_to": ["neptune"]}, "log.report_to"),
     ],
 )
@@ -303,7 +303,7 @@ def test_prompt_rows_must_share_their_columns(tmp_path):
     ({"threads": -1}, "threads"),
     ({"log__save_every": -1}, "log.save_every"),
     ({"optim__warmup_steps": -2}, "optim.warmup_steps"),
-    ({"optim__critic_warmup_iterations": -1}, "optim.critic_warmup_iterations"),
+    ({"critic__warmup_iterations": -1}, "critic.warmup_iterations"),
     ({"rollout__min_new_tokens": 9, "rollout__max_new_tokens": 8}, "rollout.min_new_tokens"),
     ({"model__builtin_hidden_size": 30}, "model.builtin_hidden_size"),
     ({"model__builtin_heads": 0}, "model.builtin_heads"),
@@ -332,9 +332,9 @@ def test_config_file_problems_exit_2_with_one_line(tmp_path, capsys):
 
 def test_exponents_without_a_dot_are_numbers(tmp_path):
     f = tmp_path / "lr.yaml"
-    f.write_text("optim:\n  actor_lr: 1e-4\n  critic_lr: 5E-6\n")
+    f.write_text("optim:\n  actor_lr: 1e-4\ncritic:\n  lr: 5E-6\n")
     cfg = load_yaml(f, TrainConfig)
-    assert (cfg.optim.actor_lr, cfg.optim.critic_lr) == (1e-4, 5e-6)
+    assert (cfg.optim.actor_lr, cfg.critic.lr) == (1e-4, 5e-6)
 
 
 def test_builtin_prompt_settings_are_checked_only_when_used(tmp_path):

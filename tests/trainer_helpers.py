@@ -21,9 +21,9 @@ def tiny_config(output_dir, **overrides) -> TrainConfig:
     cfg.log.save_every = 0
     cfg = with_overrides(cfg, overrides)
     spec = ADVANTAGE_ESTIMATORS.get(cfg.algo.estimator)  # an unknown name is some tests' subject
-    if "model__critic" not in overrides and spec is not None and spec.needs_critic:
+    if "critic__kind" not in overrides and spec is not None and spec.needs_critic:
         # the trainer tests were written for a separate critic, which `auto` gives only a large policy
-        cfg.model.critic = "separate"
+        cfg.critic.kind = "separate"
     return cfg
 
 

@@ -318,12 +318,12 @@ def bench_command(argv: list[str]) -> dict:
     ap.add_argument("--estimator", choices=["gae", "reinforce++"], default="gae",
                     help="gae (the workloads' definition) or reinforce++: the same work without a critic")
     ap.add_argument("--critic", choices=list(SELECTABLE), default=SEPARATE.kind,
-                    help="model.critic: a separate critic (the workloads' definition, from the reward model), a "
+                    help="critic.kind: a separate critic (the workloads' definition, from the reward model), a "
                          "value head on the policy, or a value head on the reward model's frozen body")
     ap.add_argument("--critic-lora-r", type=int, default=None, metavar="N",
-                    help="model.critic_lora_r: LoRA adapters of rank N on the separate critic's frozen body")
+                    help="critic.lora_r: LoRA adapters of rank N on the separate critic's frozen body")
     ap.add_argument("--critic-epochs", type=int, default=None, metavar="N",
-                    help="optim.critic_epochs: the critic's passes over each rollout (default: the policy's 4)")
+                    help="critic.epochs: the critic's passes over each rollout (default: the policy's 4)")
     ap.add_argument("--device", default="cpu", help="cpu (W1's definition) or cuda / cuda:N")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # smoke tests only
     args = ap.parse_args(argv)
@@ -386,7 +386,7 @@ def critic_setup(args) -> CriticSetup:
     if not setup.has_critic and (args.critic != SEPARATE.kind or args.critic_lora_r or args.critic_epochs):
         raise UsageError(f"--estimator {args.estimator} has no critic; leave out --critic, --critic-lora-r and "
                          "--critic-epochs")
-    if args.critic_lora_r and "model.critic_lora_r" not in setup.critic_kind.settings:
+    if args.critic_lora_r and "critic.lora_r" not in setup.critic_kind.settings:
         raise UsageError(f"--critic-lora-r puts adapters on a separate critic; --critic is {args.critic}")
     return setup
 

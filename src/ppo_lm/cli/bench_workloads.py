@@ -17,7 +17,7 @@ W3 (equal work with the TRL peer ``shared/bench/trl_ppo_w3.py``), a real model: 
 directory) is the policy and its frozen reference, fp32; the reward model is a one-label
 sequence-classification model with the policy's body and a seeded (seed 0) head, saved to a temporary
 directory and given as ``model.reward``, and the separate critic is initialised from it
-(``model.critic_init = reward``); 16 chat prompts per iteration ("Write a short story about …", the
+(``critic.init = reward``); 16 chat prompts per iteration ("Write a short story about …", the
 peer's list and seed) rendered with the model's chat template; exactly 32 sampled tokens; temperature
 1; 4 epochs × 2 minibatches of 8; k1 KL β=0.05 in the reward; clip 0.2; value clip 0.2; vf_coef 0.1;
 γ=1; λ=0.95; learning rate 1e-6 (the peer's).
@@ -178,8 +178,8 @@ def save_w3_reward(policy: str, root: Path, seed: int = 0):
 @dataclass(frozen=True)
 class CriticSetup:
     """The critic a workload runs with (docs/critic.md, "What a critic costs"): ``estimator`` (gae, or
-    reinforce++ without a critic, in the same layout), ``kind`` (``model.critic``), ``lora_r``
-    (``model.critic_lora_r``; None: ``model.lora_r``) and ``epochs`` (``optim.critic_epochs``; None: the
+    reinforce++ without a critic, in the same layout), ``kind`` (``critic.kind``), ``lora_r``
+    (``critic.lora_r``; None: ``model.lora_r``) and ``epochs`` (``critic.epochs``; None: the
     policy's). The default is the workloads' definition: a separate critic from the reward model."""
 
     estimator: str = "gae"
@@ -225,12 +225,12 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None],
     from ..config.train import TrainConfig
 
     cfg = TrainConfig(output_dir=output_dir, iterations=iterations, seed=0, threads=threads)
-    m, r, a, o, log = cfg.model, cfg.rollout, cfg.algo, cfg.optim, cfg.log
+    m, r, a, o, c, log = cfg.model, cfg.rollout, cfg.algo, cfg.optim, cfg.critic, cfg.log
     m.policy, m.reward, m.tokenizer = paths
     if critic.has_critic:
-        m.critic, m.critic_lora_r, o.critic_epochs = critic.kind, critic.lora_r, critic.epochs
-        if "model.critic_init" in critic.critic_kind.settings:
-            m.critic_init = "reward"
+        c.kind, c.lora_r, c.epochs = critic.kind, critic.lora_r, critic.epochs
+        if "critic.init" in critic.critic_kind.settings:
+            c.init = "reward"
     m.dtype, m.device, m.compile_kernels = "float32", device, compile_kernels
     cfg.rollout.logp_from_sampler = logp_from_sampler
     if max_staleness:
@@ -249,13 +249,13 @@ def make_config(workload: str, shape: Shape, paths: tuple[str, str, str | None],
     a.estimator, a.kl_coef, a.kl_estimator, a.kl_in = critic.estimator, 0.05, "k1", "reward"
     a.clip_eps, a.gamma = 0.2, 1.0
     if critic.has_critic:
-        a.value_clip_eps, a.vf_coef, a.gae_lambda = 0.2, 0.1, 0.95
+        c.value_clip_eps, c.vf_coef, a.gae_lambda = 0.2, 0.1, 0.95
     o.epochs, o.num_minibatches = 4, 2
     if micro_batch_size is not None:
         o.micro_batch_size = micro_batch_size
     o.actor_lr = 1e-6 if workload == "w3" else 1e-5  # the peers' rates; they do not change the work
     if critic.has_critic:
-        o.critic_lr = o.actor_lr
+        c.lr = o.actor_lr
     log.progress, log.tensorboard, log.save_every, log.sample_every = False, False, 0, 0
     return cfg
 
@@ -277,12 +277,13 @@ def critic_passes(critic: CriticSetup, epochs: int) -> tuple[int, float]:
     adapters skips the body's weight gradients (2: a forward and the activation gradients, the
     adapters' own are small); a frozen critic's head alone trains (1: the forward; the head's backward
     is negligible); a shared head rides on the policy's forwards and no critic has none."""
-    from ..config.train import ModelConfig
+    from ..config.critics import CriticConfig
+    from ..config.train import TrainConfig
 
-    kind, m = critic.critic_kind, ModelConfig(critic=critic.kind, critic_lora_r=critic.lora_r)
+    kind, cfg = critic.critic_kind, TrainConfig(critic=CriticConfig(kind=critic.kind, lora_r=critic.lora_r))
     if not kind.own_body:
         return 0, 0.0
-    per_epoch = 3.0 if not kind.body_frozen(m) else 2.0 if kind.adapter_rank(m) else 1.0
+    per_epoch = 3.0 if not kind.body_frozen(cfg) else 2.0 if kind.adapter_rank(cfg) else 1.0
     return 1, per_epoch * (critic.epochs or epochs)
 
 

@@ -15,7 +15,7 @@ A run's settings are built in layers, each over the one before (docs/compare.md)
    the task flags (``--prompts``, ``--reward``, ``--eval-prompts``).
 
 A ``per_estimator`` section may also name a *variant*: a name of your own whose section sets
-``algo.estimator`` (``gae-lora: {algo: {estimator: gae}, model: {critic_lora_r: 16}}``), listed in
+``algo.estimator`` (``gae-lora: {algo: {estimator: gae}, critic: {lora_r: 16}}``), listed in
 ``--estimators`` like an estimator and run in its estimator's layout — one comparison of several
 settings of one estimator, alternated seed by seed like any other.
 """
@@ -124,7 +124,7 @@ def models_held(run: TrainConfig, critic: str | None = None) -> list[str]:
     """The models a run holds in memory: the policy, its frozen reference (not a second copy with LoRA:
     the policy with its adapters off), a critic for estimators that need one (a separate model, its
     adapters or its value head on a frozen body, or a value head on the policy), and each reward model
-    of `model.reward`. ``critic``: the kind an ``auto`` ``model.critic`` resolved to in the run."""
+    of `model.reward`. ``critic``: the kind an ``auto`` ``critic.kind`` resolved to in the run."""
     import dataclasses
 
     from ..algorithms.registry import get_advantage_estimator
@@ -132,18 +132,18 @@ def models_held(run: TrainConfig, critic: str | None = None) -> list[str]:
 
     held = ["policy"] if getattr(run.model, "lora_r", 0) else ["policy", "reference"]
     if get_advantage_estimator(run.algo.estimator).needs_critic:
-        held.append(_critic_held(run.model if critic is None else dataclasses.replace(run.model, critic=critic)))
+        held.append(_critic_held(run if critic is None else dataclasses.replace(run, critic=dataclasses.replace(run.critic, kind=critic))))
     held += ["reward model" for spec, _ in reward_specs(run.model) if is_model_path(spec)]
     return held
 
 
 def critic_of(run: TrainConfig) -> str | None:
-    """The kind an ``auto`` ``model.critic`` resolved to in a finished run, read from its last checkpoint
+    """The kind an ``auto`` ``critic.kind`` resolved to in a finished run, read from its last checkpoint
     (what each kind ``auto`` may pick saves: config/critics.py); None where the run named it."""
     from ..config import critics
     from ..trainer.checkpoint.folders import latest_checkpoint
 
-    if run.model.critic != "auto":
+    if run.critic.kind != "auto":
         return None
     found = latest_checkpoint(run.output_dir)
     if found is None:
@@ -152,13 +152,13 @@ def critic_of(run: TrainConfig) -> str | None:
                  if (found[1] / k.checkpoint).exists()), None)
 
 
-def _critic_held(m) -> str:
-    """How :func:`models_held` names a run's critic (``m``: its ModelConfig)."""
+def _critic_held(run: TrainConfig) -> str:
+    """How :func:`models_held` names a run's critic."""
     from ..config import critics
 
-    if m.critic == "auto":  # the run's kind could not be read back
+    if run.critic.kind == "auto":  # the run's kind could not be read back
         return "critic (auto)"
-    return critics.CriticKind.REGISTRY[m.critic].held(m)
+    return critics.CriticKind.REGISTRY[run.critic.kind].held(run)
 
 
 def build_start(out: Path, *, smoke: bool, build_policy: bool, threads: int) -> None:

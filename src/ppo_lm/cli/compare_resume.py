@@ -39,7 +39,7 @@ def setting_changes(run: TrainConfig, saved: Path) -> list[str]:
     with (every setting counts: a run of 40 iterations is not one of 60)."""
     from ..config.io import flatten, load_saved_config, to_dict
 
-    now, then = flatten(to_dict(run)), flatten(load_saved_config(saved))
+    now, then = flatten(to_dict(run)), flatten(load_saved_config(saved, TrainConfig))
     return [f"{k}: {then.get(k, '(unset)')!r} then, {now.get(k, '(unset)')!r} now"
             for k in sorted(set(now) | set(then)) if now.get(k) != then.get(k)]
 

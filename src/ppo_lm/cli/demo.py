@@ -253,7 +253,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     # 2. (RLHF) reward model on pairs from the SFT policy's own samples, labelled by the verifier.
     rm_metrics = _reward_model_stage(cfg, lm, tok, out, max_new, console) if cfg.rlhf else None
 
-    # 3. PPO (GAE; `model.critic` auto: a value head on the policy at this size, config/sizing.py).
+    # 3. PPO (GAE; `critic.kind` auto: a value head on the policy at this size, config/sizing.py).
     console.print(f"[bold]{3 if cfg.rlhf else 2}. PPO[/] for {ppo.iterations} iterations × {ppo.rollout.num_prompts} prompts")
     trainer = PPOTrainer(ppo)
     trainer.train(eval_fn=lambda it, tr: {"heldout_accuracy": accuracy(tr.models.policy.lm)}, eval_every=cfg.eval_every)

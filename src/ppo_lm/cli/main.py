@@ -25,10 +25,10 @@ def _parse(cls: type, argv: list[str], prog: str, description: str, *, resumable
     --iterations N`` continues the same experiment without repeating its flags."""
     import tyro
 
-    from ..config.io import load_yaml, yaml_bool_flags
+    from ..config.io import load_yaml, renamed_flags, yaml_bool_flags
     from ..runtime.errors import ConfigError
 
-    argv = yaml_bool_flags(cls, argv)  # before the --resume pre-parse: `--resume yes` decides alike
+    argv = yaml_bool_flags(cls, renamed_flags(cls, argv))  # before the --resume pre-parse: `--resume yes` decides alike
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     known, rest = pre.parse_known_args(argv)

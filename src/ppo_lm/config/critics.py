@@ -1,4 +1,5 @@
-"""The kinds of critic (``model.critic``), each registered where it is defined — as the estimators are
+"""The critic: its section of the config (``critic:``, :class:`CriticConfig`) and its kinds
+(``critic.kind``), each registered where it is defined — as the estimators are
 (``ppo_lm.algorithms.registry``) — with everything the rest of the package asks of a kind: where its
 values come from, whether it has a body of its own and what of it trains, which settings it reads
 (the unused-setting rules derive from them), what its checkpoint holds, its banner line and how a
@@ -7,13 +8,13 @@ compares a critic kind by name.
 
 Kinds, as docs/critic.md describes them:
 
-- ``separate`` — a model of its own: a transformer body (``model.critic_init``'s) and a scalar head; its
-  whole body trains, or with ``model.critic_lora_r`` (else ``model.lora_r``) > 0 only LoRA adapters on a
+- ``separate`` — a model of its own: a transformer body (``critic.init``'s) and a scalar head; its
+  whole body trains, or with ``critic.lora_r`` (else ``model.lora_r``) > 0 only LoRA adapters on a
   body it holds by reference (the frozen reference's in full fine-tuning);
 - ``frozen`` — a separate critic whose body never trains, only its value head;
 - ``shared`` — a value head on the policy's body: the policy's scoring forward gives the values, and
-  ``model.value_grad_scale`` says how much of the value loss reaches the body;
-- ``none`` — the estimator is critic-free (``algo.estimator``); not a value of ``model.critic``.
+  ``critic.value_grad_scale`` says how much of the value loss reaches the body;
+- ``none`` — the estimator is critic-free (``algo.estimator``); not a value of ``critic.kind``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,54 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from ..algorithms import get_advantage_estimator
+from ..runtime.settings import setting
+
+
+@dataclass
+class CriticConfig:
+    """The ``critic:`` section: what the critic is, and how it learns. Only the estimators with a critic
+    read it (``algo.estimator: gae``); a setting given to a critic-free one is refused as unused."""
+
+    kind: Literal["auto", "separate", "shared", "frozen"] = "auto"
+    """The kind of critic (config/critics.py, docs/critic.md): 'separate', a transformer body of its own
+    (`critic.init`'s) and a scalar head; 'frozen', a separate critic whose body never trains, only its
+    value head; 'shared', a value head on the policy's body. auto: 'separate' with `rollout.env` (an
+    environment's episodes), else by the policy's size: 'shared' below 1 B parameters, where the head on
+    the policy's features learned about as well per sampled token as a separate critic at a critic-free
+    run's cost; 'separate' from 1 B, not measured here (docs/critic.md, "What a critic costs")."""
+    init: str = "auto"
+    """A separate critic's body: 'auto' (the reward model if there is one, else the policy), 'policy',
+    'reward', or a path to a checkpoint."""
+    lora_r: int | None = setting(None, ge=0)
+    """LoRA rank of a separate critic; None = `model.lora_r`. With r > 0 the critic's body is frozen and
+    held by reference, not copied (in full fine-tuning it is the frozen reference's body), and only its
+    adapters (`model.lora_alpha`, `model.lora_dropout`, `model.lora_target_modules`) and value head
+    train; 0 trains every weight of the critic."""
+    value_grad_scale: float = setting(0.0, ge=0, le=1)
+    """A shared critic only: scale of the value-loss gradient that reaches the trunk. 0 (the default):
+    the head trains alone on the policy's features, and only the policy loss moves the trunk; 1 on the
+    built-in task learned less (docs/critic.md, "What a critic costs")."""
+    lr: float | Literal["auto"] = setting("auto", gt=0, finite=True)
+    """AdamW learning rate of the critic: the separate critic (body and head), or the shared critic's
+    value head. auto: by the policy's size — 1e-3 below 10 M parameters, 1e-4 from 10 M (measured on
+    SmolLM2-135M, docs/critic.md), 1e-5 from 1 B (verl's and OpenRLHF's for models of that size)."""
+    epochs: int | None = setting(None, ge=1)
+    """The critic's passes over each rollout (as verl's and slime's critic epochs); None =
+    `optim.epochs`. More than `optim.epochs`: the later passes train the critic alone (no policy
+    forward); fewer: the later passes train the policy alone."""
+    warmup_iterations: int = setting(0, ge=0)
+    """The first N iterations train only the critic (policy frozen)."""
+    vf_coef: float = setting(0.1, ge=0, finite=True)
+    """c₁: weight of the value loss (docs/algorithm.md §1.4). Added to the policy loss with a shared
+    critic; with a separate critic it scales that critic's own loss."""
+    value_clip_eps: float | None = setting(0.2, gt=0)
+    """Value clipping ε_v (docs/algorithm.md §1.4), in reward units: the loss takes the larger of
+    (V − R̂)² and (clip(V, V_old ± ε_v) − R̂)²; None = unclipped."""
+    gae_lambda: float | None = setting(None, ge=0, le=1)
+    """Decoupled GAE (VC-PPO): the λ of the critic's target; None = `algo.gae_lambda`."""
+    target: Literal["shaped", "score"] = "shaped"
+    """'score' trains the critic on score-only rewards (the KL part of the shaped reward left out of its
+    target)."""
 
 LARGE_CRITIC_PARAMETERS = 1_000_000_000
 """From this many policy parameters ``auto`` takes :data:`AUTO_LARGE`."""
@@ -29,7 +78,7 @@ LARGE_CRITIC_PARAMETERS = 1_000_000_000
 
 @dataclass(frozen=True)
 class CriticKind:
-    """One kind of critic; ``m`` in the methods is a run's ``ModelConfig``."""
+    """One kind of critic; ``cfg`` in the methods is a run's ``TrainConfig``."""
 
     name: str
     what: str
@@ -37,7 +86,7 @@ class CriticKind:
     values_from: Literal["policy", "critic"] | None
     """Where V comes from: the policy's forward (a head on its features), the critic's own, or nowhere."""
     own_body: bool
-    """A second model with a body of its own (built from ``model.critic_init``)."""
+    """A second model with a body of its own (built from ``critic.init``)."""
     settings: frozenset[str]
     """The settings of this module's :data:`KIND_SETTINGS` the kind reads; the others are unused with it."""
     checkpoint: str | None
@@ -45,31 +94,31 @@ class CriticKind:
 
     REGISTRY: ClassVar[dict[str, CriticKind]] = {}
 
-    def adapter_rank(self, m) -> int:
+    def adapter_rank(self, cfg) -> int:
         """The rank of LoRA adapters on its body (0: none)."""
         return 0
 
-    def body_frozen(self, m) -> bool:
+    def body_frozen(self, cfg) -> bool:
         """Whether its own body is held frozen (adapters or the value head alone train)."""
         return False
 
-    def trains(self, m) -> str:
+    def trains(self, cfg) -> str:
         """What of it trains, in words (the banner's)."""
         return "nothing"
 
-    def held(self, m) -> str:
+    def held(self, cfg) -> str:
         """What a comparison lists this run as holding for its critic (``ppo-lm compare``)."""
         return ""
 
-    def banner(self, m, body: str) -> str:
+    def banner(self, cfg, body: str) -> str:
         """The banner's critic line; ``body``: its own model's class and parameter counts."""
         return ""
 
 
 KIND_SETTINGS = {
-    "model.critic_init": "picks the body the critic starts from",
-    "model.critic_lora_r": "gives the critic's body LoRA adapters",
-    "model.value_grad_scale": "scales the value-loss gradient that reaches the policy's body",
+    "critic.init": "picks the body the critic starts from",
+    "critic.lora_r": "gives the critic's body LoRA adapters",
+    "critic.value_grad_scale": "scales the value-loss gradient that reaches the policy's body",
 }
 """The settings only some kinds read, and what each does."""
 
@@ -88,26 +137,26 @@ class Separate(CriticKind):
     what: str = "has a body of its own"
     values_from: Literal["policy", "critic"] | None = "critic"
     own_body: bool = True
-    settings: frozenset[str] = frozenset({"model.critic_init", "model.critic_lora_r"})
+    settings: frozenset[str] = frozenset({"critic.init", "critic.lora_r"})
     checkpoint: str | None = "critic"
 
-    def adapter_rank(self, m) -> int:
-        return m.lora_r if m.critic_lora_r is None else m.critic_lora_r
+    def adapter_rank(self, cfg) -> int:
+        return cfg.model.lora_r if cfg.critic.lora_r is None else cfg.critic.lora_r
 
-    def body_frozen(self, m) -> bool:
-        return self.adapter_rank(m) > 0
+    def body_frozen(self, cfg) -> bool:
+        return self.adapter_rank(cfg) > 0
 
-    def trains(self, m) -> str:
-        rank = self.adapter_rank(m)
+    def trains(self, cfg) -> str:
+        rank = self.adapter_rank(cfg)
         return f"LoRA r {rank} and the value head" if rank else "its body and value head"
 
-    def held(self, m) -> str:
-        return "critic's adapters" if self.adapter_rank(m) else "critic"
+    def held(self, cfg) -> str:
+        return "critic's adapters" if self.adapter_rank(cfg) else "critic"
 
-    def banner(self, m, body: str) -> str:
+    def banner(self, cfg, body: str) -> str:
         line = f"  critic    {body}"
-        if self.body_frozen(m):
-            line += f"; its body frozen ({self.trains(m)} train{'' if self.adapter_rank(m) else 's'})"
+        if self.body_frozen(cfg):
+            line += f"; its body frozen ({self.trains(cfg)} train{'' if self.adapter_rank(cfg) else 's'})"
         return line
 
 
@@ -116,18 +165,18 @@ class Separate(CriticKind):
 class Frozen(Separate):
     name: str = "frozen"
     what: str = "has a body of its own that never trains"
-    settings: frozenset[str] = frozenset({"model.critic_init"})
+    settings: frozenset[str] = frozenset({"critic.init"})
 
-    def adapter_rank(self, m) -> int:
+    def adapter_rank(self, cfg) -> int:
         return 0
 
-    def body_frozen(self, m) -> bool:
+    def body_frozen(self, cfg) -> bool:
         return True
 
-    def trains(self, m) -> str:
+    def trains(self, cfg) -> str:
         return "the value head"
 
-    def held(self, m) -> str:
+    def held(self, cfg) -> str:
         return "critic's value head on a frozen body"
 
 
@@ -138,17 +187,17 @@ class Shared(CriticKind):
     what: str = "is a value head on the policy's body"
     values_from: Literal["policy", "critic"] | None = "policy"
     own_body: bool = False
-    settings: frozenset[str] = frozenset({"model.value_grad_scale"})
+    settings: frozenset[str] = frozenset({"critic.value_grad_scale"})
     checkpoint: str | None = "value_head.safetensors"
 
-    def trains(self, m) -> str:
-        return "the value head" if m.value_grad_scale == 0 else "the value head, and the policy's body a little"
+    def trains(self, cfg) -> str:
+        return "the value head" if cfg.critic.value_grad_scale == 0 else "the value head, and the policy's body a little"
 
-    def held(self, m) -> str:
+    def held(self, cfg) -> str:
         return "value head"
 
-    def banner(self, m, body: str) -> str:
-        scale = m.value_grad_scale
+    def banner(self, cfg, body: str) -> str:
+        scale = cfg.critic.value_grad_scale
         return "  critic    shared: a value head on the policy's body, " + (
             "trained alone (no value-loss gradient reaches the body)" if scale == 0 else
             f"its value-loss gradient × {scale:g} into the body")
@@ -167,7 +216,7 @@ class NoCritic(CriticKind):
 
 NONE = CriticKind.REGISTRY["none"]
 SELECTABLE = tuple(n for n in CriticKind.REGISTRY if n != "none")
-"""The values ``model.critic`` takes besides ``auto``."""
+"""The values ``critic.kind`` takes besides ``auto``."""
 
 AUTO_SMALL = CriticKind.REGISTRY["shared"]
 """``auto`` below :data:`LARGE_CRITIC_PARAMETERS`: a value head on the policy's features learned per
@@ -199,13 +248,14 @@ def kind_of(cfg, parameters: int | None = None) -> CriticKind | None:
     resolves to (None where that needs the policy's size and ``parameters`` is not given)."""
     if not get_advantage_estimator(cfg.algo.estimator).needs_critic:
         return NONE
-    name = cfg.model.critic
+    name = cfg.critic.kind
     if name == "auto":
         return resolve_auto(parameters, cfg.rollout.env is not None)
     return CriticKind.REGISTRY[name]
 
 
-def settings_kind(m) -> CriticKind:
-    """The kind whose rules a ``ModelConfig``'s own properties follow: the named one, or for ``auto``
-    :data:`AUTO_UNRESOLVED`."""
-    return CriticKind.REGISTRY[m.critic] if m.critic != "auto" else AUTO_UNRESOLVED
+def settings_kind(cfg) -> CriticKind:
+    """The kind whose rules a run's settings follow before its policy is loaded: the named one, or for
+    ``auto`` :data:`AUTO_UNRESOLVED`."""
+    kind = cfg.critic.kind
+    return CriticKind.REGISTRY[kind] if kind != "auto" else AUTO_UNRESOLVED

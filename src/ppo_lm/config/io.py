@@ -7,6 +7,7 @@ import difflib
 import re
 import types
 import typing
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
@@ -96,7 +97,7 @@ def from_dict(cls: type[C], data: dict[str, Any] | None, *, prefix: str = "", ba
         raise ConfigError(f"`{prefix or 'config'}` must be a mapping, got {data!r}")
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    for key, value in data.items():
+    for key, value in respell_renamed(cls, data, where=prefix).items():
         norm = str(key).replace("-", "_")
         full = f"{prefix}.{norm}" if prefix else norm
         if norm not in names:
@@ -109,6 +110,61 @@ def from_dict(cls: type[C], data: dict[str, Any] | None, *, prefix: str = "", ba
         else:
             setattr(obj, norm, _check_value(full, tp, value))
     return obj
+
+
+def _norm(key: Any) -> str:
+    return str(key).replace("-", "_")
+
+
+def respell_renamed(cls: type, data: dict[str, Any], *, where: str = "", notice: bool = True) -> dict[str, Any]:
+    """``data`` (nested sections of ``cls``) with each setting ``cls.RENAMED`` lists under an old dotted
+    name moved to its new one, and one line saying so (``notice``); the caller's dicts are left as they
+    are. Old and new name both given is a :class:`ConfigError`."""
+    renamed = getattr(cls, "RENAMED", None)
+    if not renamed:
+        return data
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    moved = []
+    for old, new in renamed.items():
+        (old_section, old_field), (new_section, new_field) = old.split("."), new.split(".")
+        section = data.get(old_section)
+        key = next((k for k in section if _norm(k) == old_field), None) if isinstance(section, dict) else None
+        if key is None:
+            continue
+        target = data.get(new_section)
+        if target is None:
+            target = data[new_section] = {}
+        if not isinstance(target, dict):
+            continue  # `critic: 3`: from_dict names the section that is not a mapping
+        at = f"{where}." if where else ""
+        if any(_norm(k) == new_field for k in target):
+            raise ConfigError(f"`{at}{old}` and `{at}{new}` are both given: `{old}` is the older name of `{new}`; "
+                              f"keep `{new}` alone")
+        target[new_field] = section.pop(key)
+        moved.append(f"`{at}{old}` → `{at}{new}`")
+    if moved and notice:
+        warnings.warn(f"renamed settings read under their new names: {', '.join(moved)}; write them so "
+                      "(docs/training.md, \"Renamed settings\")", stacklevel=2)
+    return data
+
+
+def renamed_flags(cls: type, argv: list[str]) -> list[str]:
+    """``argv`` with each flag of a setting ``cls.RENAMED`` lists under its old name
+    (``--optim.critic-lr 1e-4``, ``--model.critic=shared``) given its new name, and one line saying so."""
+    renamed = {old.replace("_", "-"): new.replace("_", "-") for old, new in getattr(cls, "RENAMED", {}).items()}
+    out, moved = [], []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        new = renamed.get(flag[2:].replace("_", "-")) if flag.startswith("--") else None
+        if new is None:
+            out.append(arg)
+            continue
+        out.append(f"--{new}{eq}{value}")
+        moved.append(f"`{flag}` → `--{new}`")
+    if moved:
+        warnings.warn(f"renamed flags read under their new names: {', '.join(moved)}; write them so "
+                      "(docs/training.md, \"Renamed settings\")", stacklevel=2)
+    return out
 
 
 def _bool_fields(cls: type, prefix: str = "") -> dict[str, bool]:
@@ -215,13 +271,22 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def load_saved_config(path: str | Path) -> dict[str, Any]:
-    """A run's config.yaml as a plain nested dict (empty when unreadable)."""
+def load_saved_config(path: str | Path, cls: type | None = None) -> dict[str, Any]:
+    """A run's config.yaml as a plain nested dict (empty when unreadable); with ``cls``, its settings
+    under the names ``cls`` gives them now (a run written before a rename; quietly: the run's own
+    file is not the user's to rewrite)."""
     try:
         data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_Loader) or {}  # as --config reads
-        return data if isinstance(data, dict) else {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
+    if not isinstance(data, dict):
+        return {}
+    if cls is None:
+        return data
+    try:
+        return respell_renamed(cls, data, notice=False)
+    except ConfigError:
+        return data
 
 
 def resume_differences(cfg: Any, saved: dict[str, Any]) -> list[str]:

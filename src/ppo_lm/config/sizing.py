@@ -3,7 +3,7 @@
 A learning rate that trains the 0.14 M-parameter built-in model in minutes (3e-4) moves a pretrained
 135 M-parameter instruct model 25 nats per response away from where it started in one iteration, and a
 response limit of 8 tokens cuts every answer of such a model short. So ``optim.actor_lr``,
-``optim.critic_lr``, ``rollout.max_new_tokens``, ``algo.bootstrap_truncated`` and ``model.critic`` default to ``"auto"``,
+``critic.lr``, ``rollout.max_new_tokens``, ``algo.bootstrap_truncated`` and ``critic.kind`` default to ``"auto"``,
 which :func:`resolve_auto` resolves from the policy's parameter count once it is loaded: a model below
 :data:`LARGE_MODEL_PARAMETERS` takes :data:`SMALL` (the values the built-in task was tuned with), a
 larger one :data:`LARGE` (verl's actor rate, ten times it with LoRA adapters, which start from zero; a
@@ -31,7 +31,7 @@ LARGE_MODEL_PARAMETERS = 10_000_000
 """Policies with at least this many parameters (embeddings included) take :data:`LARGE`."""
 BILLION_PARAMETERS = critics.LARGE_CRITIC_PARAMETERS
 """Policies with at least this many parameters take :data:`BILLION`."""
-CRITIC_SETTINGS = ("model.critic", "optim.critic_lr", "algo.bootstrap_truncated")
+CRITIC_SETTINGS = ("critic.kind", "critic.lr", "algo.bootstrap_truncated")
 """Resolved for every run, listed in the banner only where the estimator has a critic."""
 
 
@@ -88,9 +88,9 @@ class Resolved:
 
 
 def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) -> Resolved:
-    """``cfg`` with each ``auto`` of ``optim.actor_lr``, ``optim.critic_lr``, ``rollout.max_new_tokens``,
-    ``algo.bootstrap_truncated`` and ``model.critic`` replaced by the value of the policy's size class
-    (:func:`profile_for`; ``model.critic`` by :func:`~ppo_lm.config.critics.resolve_auto`); ``context``: the
+    """``cfg`` with each ``auto`` of ``optim.actor_lr``, ``critic.lr``, ``rollout.max_new_tokens``,
+    ``algo.bootstrap_truncated`` and ``critic.kind`` replaced by the value of the policy's size class
+    (:func:`profile_for`; ``critic.kind`` by :func:`~ppo_lm.config.critics.resolve_auto`); ``context``: the
     policy's max_position_embeddings, which an ``auto`` response limit leaves at least half of to the
     prompt, and never below ``rollout.min_new_tokens``. The critic's settings are listed in ``values``
     only where the estimator has a critic."""
@@ -99,17 +99,16 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
     resolved: dict[str, float | int | bool] = {}
     if o.actor_lr == "auto":
         resolved["optim.actor_lr"] = p.actor_lr_lora if cfg.model.lora_r else p.actor_lr
-    if o.critic_lr == "auto":
-        resolved["optim.critic_lr"] = p.critic_lr
+    if cfg.critic.lr == "auto":
+        resolved["critic.lr"] = p.critic_lr
     if r.max_new_tokens == "auto":
         limit = p.max_new_tokens if context is None else min(p.max_new_tokens, max(context // 2, 1))
         resolved["rollout.max_new_tokens"] = max(limit, r.min_new_tokens)
     if a.bootstrap_truncated == "auto":
         resolved["algo.bootstrap_truncated"] = p.bootstrap_truncated
-    if cfg.model.critic == "auto":
-        resolved["model.critic"] = critics.resolve_auto(parameters, cfg.rollout.env is not None).name
-    optim = dataclasses.replace(o, actor_lr=resolved.get("optim.actor_lr", o.actor_lr),
-                                critic_lr=resolved.get("optim.critic_lr", o.critic_lr))
+    if cfg.critic.kind == "auto":
+        resolved["critic.kind"] = critics.resolve_auto(parameters, cfg.rollout.env is not None).name
+    optim = dataclasses.replace(o, actor_lr=resolved.get("optim.actor_lr", o.actor_lr))
     rollout = dataclasses.replace(r, max_new_tokens=resolved.get("rollout.max_new_tokens", r.max_new_tokens))
     algo = dataclasses.replace(a, bootstrap_truncated=resolved.get("algo.bootstrap_truncated", a.bootstrap_truncated))
     critic = get_advantage_estimator(a.estimator).needs_critic
@@ -119,11 +118,12 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
     bound_text = f"{bound / 1e9:g} B" if bound >= 1e9 else f"{bound / 1e6:g} M"
     reason = f"policy of {size} parameters, {'<' if p is SMALL else '≥'} {bound_text}: {p.name} model"
     by_size = critics.resolve_auto(parameters, env=False)
-    if critic and cfg.model.critic == "auto" and resolved["model.critic"] != by_size.name:  # the environment chose it
+    if critic and cfg.critic.kind == "auto" and resolved["critic.kind"] != by_size.name:  # the environment chose it
         reason += f"; {critics.AUTO_ENV.name} critic: an environment's episodes"
-    model = dataclasses.replace(cfg.model, critic=resolved.get("model.critic", cfg.model.critic))
-    return Resolved(dataclasses.replace(cfg, model=model, optim=optim, rollout=rollout, algo=algo), values, reason,
-                    parameters)
+    critic_section = dataclasses.replace(cfg.critic, kind=resolved.get("critic.kind", cfg.critic.kind),
+                                         lr=resolved.get("critic.lr", cfg.critic.lr))
+    return Resolved(dataclasses.replace(cfg, optim=optim, rollout=rollout, algo=algo, critic=critic_section), values,
+                    reason, parameters)
 
 
 ACTIVATION_SHARE = 1 / 3

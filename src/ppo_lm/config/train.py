@@ -12,13 +12,13 @@ CLI flags follow the dataclass nesting: ``--algo.gae-lambda 0.9``, ``--rollout.m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ..algorithms.off_policy import CorrectionName, MaskName
 from ..algorithms.registry import EstimatorName
 from ..runtime.settings import setting
 from ..tasks.equations import BUILTIN_HEADS
-from .critics import settings_kind
+from .critics import CriticConfig
 
 
 @dataclass
@@ -40,25 +40,6 @@ class ModelConfig:
     gold_reward: str | None = None
     """Optional verifier ('module:function' or 'builtin:equations') scored next to the training reward
     and logged as `gold_score`: with a learned reward model it shows over-optimisation."""
-    critic: Literal["auto", "separate", "shared", "frozen"] = "auto"
-    """The kind of critic (config/critics.py, docs/critic.md): 'separate', a transformer body of its own
-    (`critic_init`'s) and a scalar head; 'frozen', a separate critic whose body never trains, only its
-    value head; 'shared', a value head on the policy's body. auto: 'separate' with `rollout.env` (an
-    environment's episodes), else by the policy's size: 'shared' below 1 B parameters, where the head on
-    the policy's features learned about as well per sampled token as a separate critic at a critic-free
-    run's cost; 'separate' from 1 B, not measured here (docs/critic.md, "What a critic costs")."""
-    critic_lora_r: int | None = setting(None, ge=0)
-    """LoRA rank of a separate critic; None = `lora_r`. With r > 0 the critic's body is frozen and held
-    by reference, not copied (in full fine-tuning it is the frozen reference's body), and only its
-    adapters (`lora_alpha`, `lora_dropout`, `lora_target_modules`) and value head train; 0 trains
-    every weight of the critic."""
-    critic_init: str = "auto"
-    """Separate critic's body: 'auto' (reward model if there is one, else policy), 'policy',
-    'reward', or a path to a checkpoint."""
-    value_grad_scale: float = setting(0.0, ge=0, le=1)
-    """Shared critic only: scale of the value-loss gradient that reaches the trunk. 0 (the default): the
-    head trains alone on the policy's features, and only the policy loss moves the trunk; 1 on the
-    built-in task learned less (docs/critic.md, "What a critic costs")."""
     builtin_hidden_size: int = setting(64, ge=1)
     """Built-in model only (policy 'builtin'): hidden size; its MLP is 4× as wide. Must be a
     multiple of 2 × builtin_heads (RoPE halves each head)."""
@@ -118,17 +99,6 @@ class ModelConfig:
     device: str = setting("auto", resume=True)
     """'auto' (cuda:LOCAL_RANK if available, else cpu), 'cpu', 'cuda', …"""
 
-    @property
-    def critic_adapter_rank(self) -> int:
-        """The LoRA rank of a separate critic's adapters: `critic_lora_r`, else `lora_r`; 0 for a kind
-        without them (config/critics.py; `auto` read as the kind it may become)."""
-        return settings_kind(self).adapter_rank(self)
-
-    @property
-    def critic_body_frozen(self) -> bool:
-        """A separate critic whose body does not train (adapters, or a frozen critic's head alone): it
-        holds the body it starts from by reference (docs/lora.md)."""
-        return settings_kind(self).body_frozen(self)
 
 
 @dataclass
@@ -249,9 +219,7 @@ class AlgoConfig:
     1 = undiscounted. Unused by grpo, dr_grpo and rloo."""
     gae_lambda: float = setting(0.95, ge=0, le=1)
     """GAE's λ in [0, 1] (Schulman et al. 2015) of the advantages and the critic target, unless
-    adaptive_lambda_alpha / critic_lambda replace it; 0 = one-step TD, 1 = the sampled return. gae only."""
-    critic_lambda: float | None = setting(None, ge=0, le=1)
-    """Decoupled GAE (VC-PPO): λ for the critic target; None = gae_lambda."""
+    adaptive_lambda_alpha / `critic.gae_lambda` replace it; 0 = one-step TD, 1 = the sampled return. gae only."""
     adaptive_lambda_alpha: float | None = setting(None, gt=0, finite=True)
     """VAPO length-adaptive actor λ = 1 − 1/(α·l); None = off."""
     bootstrap_truncated: bool | Literal["auto"] = "auto"
@@ -285,8 +253,6 @@ class AlgoConfig:
     adaptive_kl_horizon: float = setting(10000.0, gt=0, finite=True)
     """Horizon of the adaptive β (Ziegler et al. 2019), in episodes: β ← β·(1 + e·n/horizon), n = episodes
     per iteration; must be >= n. Used only with adaptive_kl_target."""
-    critic_target: Literal["shaped", "score"] = "shaped"
-    """'score' trains the critic on score-only rewards (KL part excluded from its target)."""
     clip_eps: float = setting(0.2, gt=0, finite=True)
     """PPO's ε (Schulman et al. 2017): the probability ratio is clipped to [1 − ε, 1 + ε] (upper bound
     1 + clip_eps_high when set). Must be > 0."""
@@ -317,12 +283,6 @@ class AlgoConfig:
     """Lower end of the band of importance ratios ('token-mask', 'sequence-mask', the '*-band' masks)."""
     is_band_high: float = setting(2.0, ge=1, finite=True)
     """Upper end of the band of importance ratios ('token-mask', 'sequence-mask', the '*-band' masks)."""
-    value_clip_eps: float | None = setting(0.2, gt=0)
-    """Value clipping ε_v (docs/algorithm.md §1.4), in reward units: the loss takes the larger of (V − R̂)² and
-    (clip(V, V_old ± ε_v) − R̂)²; None = unclipped."""
-    vf_coef: float = setting(0.1, ge=0, finite=True)
-    """c₁: weight of the value loss (docs/algorithm.md §1.4). Added to the policy loss with a shared critic; with a
-    separate critic it scales that critic's own loss."""
     entropy_coef: float = setting(0.0, ge=0, finite=True)
     """c₂: weight of the entropy bonus −c₂·H[π_θ] in the policy loss (docs/algorithm.md §1.4); 0 = no bonus (the
     entropy is still logged, from the first epoch)."""
@@ -336,10 +296,6 @@ class AlgoConfig:
 class OptimConfig:
     epochs: int = setting(4, ge=1)
     """PPO epochs K: passes over each rollout, reshuffled into minibatches every pass (docs/algorithm.md §1.4)."""
-    critic_epochs: int | None = setting(None, ge=1)
-    """The critic's passes over each rollout (as verl's and slime's critic epochs); None = `epochs`. More
-    than `epochs`: the later passes train the critic alone (no policy forward); fewer: the later
-    passes train the policy alone. Estimators with a critic only."""
     num_minibatches: int = setting(2, ge=1)
     """Minibatches per epoch, one optimiser step each; must divide the episodes per process
     (num_prompts / processes × samples_per_prompt)."""
@@ -354,10 +310,6 @@ class OptimConfig:
     trunk's value-loss gradient is also stepped at this rate. auto: by the policy's size
     (config/sizing.py) — 3e-4 below 10 M parameters (the built-in task's; 1e-3 with LoRA), 1e-6 above
     (a pretrained model; 1e-5 with LoRA), logged in the banner."""
-    critic_lr: float | Literal["auto"] = setting("auto", gt=0, finite=True)
-    """AdamW learning rate of the critic: the separate critic (body and head), or the shared critic's
-    value head. auto: by the policy's size — 1e-3 below 10 M parameters, 1e-4 from 10 M (measured on
-    SmolLM2-135M, docs/critic.md), 1e-5 from 1 B (verl's and OpenRLHF's for models of that size)."""
     weight_decay: float = setting(0.0, ge=0, finite=True)
     """AdamW's decoupled weight decay of the weight matrices, for both optimisers (biases and norm weights
     exempt, ppo_lm.runtime.optim); 0 = none."""
@@ -367,15 +319,13 @@ class OptimConfig:
     """AdamW's ε, for both optimisers."""
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     """Learning-rate schedule after the warm-up: constant, or cosine/linear decay to 0 at the run's last
-    optimiser step (the actor's count leaves out critic_warmup_iterations)."""
+    optimiser step (the actor's count leaves out `critic.warmup_iterations`)."""
     warmup_steps: int = setting(0, ge=0)
     """Linear learning-rate warm-up, in optimiser steps (minibatch updates), for each optimiser: step k
     uses (k+1)/warmup_steps of the rate (ppo_lm.runtime.optim); 0 = none."""
     max_grad_norm: float = setting(1.0, gt=0)
     """Clip the global gradient norm to this, separately for the policy's and the critic's parameters
     (docs/algorithm.md §1.4)."""
-    critic_warmup_iterations: int = setting(0, ge=0)
-    """The first N iterations train only the critic (policy frozen)."""
     max_nonfinite_in_row: int = setting(3, ge=1)
     """Stop after this many consecutive minibatch updates with a non-finite loss or gradient norm (each one
     is skipped: no optimiser step, no statistics)."""
@@ -419,6 +369,23 @@ class LogConfig:
     iterations, and after the last; 0 = none."""
 
 
+RENAMED = {
+    "model.critic": "critic.kind",
+    "model.critic_init": "critic.init",
+    "model.critic_lora_r": "critic.lora_r",
+    "model.value_grad_scale": "critic.value_grad_scale",
+    "optim.critic_lr": "critic.lr",
+    "optim.critic_epochs": "critic.epochs",
+    "optim.critic_warmup_iterations": "critic.warmup_iterations",
+    "algo.vf_coef": "critic.vf_coef",
+    "algo.value_clip_eps": "critic.value_clip_eps",
+    "algo.critic_lambda": "critic.gae_lambda",
+    "algo.critic_target": "critic.target",
+}
+"""Settings that moved, old dotted name → new: files, flags and the config.yaml of a run written
+before still work, read under the new name with a one-line notice (config/io.py)."""
+
+
 @dataclass
 class TrainConfig:
     output_dir: str = setting("runs/train", resume=True)
@@ -440,7 +407,7 @@ class TrainConfig:
     threads: int = setting(0, ge=0, resume=True)
     """torch CPU threads; 0 = leave torch's default."""
     model: ModelConfig = field(default_factory=ModelConfig)
-    """Policy, reference, reward and critic models (docs/algorithm.md §2)."""
+    """Policy, reference and reward models (docs/algorithm.md §2)."""
     data: DataConfig = field(default_factory=DataConfig)
     """Training prompts."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -449,5 +416,11 @@ class TrainConfig:
     """Reward shaping, advantages and losses (docs/algorithm.md §1.2–1.4, §3)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Epochs, minibatches, optimisers and learning rates of the update."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The critic of the estimators that have one: its kind, its model, its loss and its training
+    (config/critics.py, docs/critic.md)."""
     log: LogConfig = setting(default_factory=LogConfig, resume=True)
     """Checkpoints, metrics, samples and progress display."""
+
+    RENAMED: ClassVar[dict[str, str]] = RENAMED
+    """The settings that moved (the module's :data:`RENAMED`), which config/io.py reads under their new names."""

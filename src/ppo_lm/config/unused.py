@@ -97,18 +97,18 @@ def check_unused(cfg: TrainConfig, facts: Facts = UNKNOWN, keep: Mapping[str, An
             warnings.warn(u.message, stacklevel=2)  # the start-up checks' line: one ppo-lm warning line
 
 
-AUTO_CRITIC_FIELDS = ("model.critic_init", "model.critic_lora_r", "model.value_grad_scale")
-"""The settings that only one kind of critic uses; an ``auto`` ``model.critic`` picks the kind by the
+AUTO_CRITIC_FIELDS = ("critic.init", "critic.lora_r", "critic.value_grad_scale")
+"""The settings that only one kind of critic uses; an ``auto`` ``critic.kind`` picks the kind by the
 policy's size, once it has loaded."""
 
 
 def check_resolved_critic(cfg: TrainConfig, resolved_from_auto: bool) -> None:
-    """Raise :class:`ConfigError` where ``model.critic`` was ``auto`` (``resolved_from_auto``) and the kind
-    it resolved to for this policy's size ignores a setting given with it (``model.critic_lora_r`` on a
+    """Raise :class:`ConfigError` where ``critic.kind`` was ``auto`` (``resolved_from_auto``) and the kind
+    it resolved to for this policy's size ignores a setting given with it (``critic.lora_r`` on a
     small policy's shared critic, say): the start-up checks could not tell before the policy loaded."""
     if not resolved_from_auto:
         return
     for u in unused_settings(cfg):
         if u.refused and u.field in AUTO_CRITIC_FIELDS:
-            raise ConfigError(f"{u.message} (`model.critic` auto resolved to {cfg.model.critic!r} for this "
+            raise ConfigError(f"{u.message} (`critic.kind` auto resolved to {cfg.critic.kind!r} for this "
                               "policy's size and task: config/sizing.py)")

@@ -41,14 +41,14 @@ Why = Callable[[TrainConfig, Facts], "str | None"]
 @dataclass(frozen=True)
 class Rule:
     fields: tuple[str, ...]
-    """Dotted names, e.g. ``optim.critic_epochs``."""
+    """Dotted names, e.g. ``critic.epochs``."""
     why: Why
     """Why this run ignores the fields (a clause after "`field`=value"), or None where it uses them or
     cannot tell yet."""
     fix: str
     after_files: bool = False
     """Waits for :attr:`Facts.files_read`: the rule involves a setting that names a file (model.policy,
-    model.reward, model.gold_reward, model.critic_init, data.prompts, data.eval_prompts,
+    model.reward, model.gold_reward, critic.init, data.prompts, data.eval_prompts,
     data.chat_template, rollout.env), which the start-up checks read first."""
     shared_by: str = ""
     """Non-empty: a warning, not an error, because this workflow writes the setting for runs that ignore it."""
@@ -102,8 +102,8 @@ def _kind_ignores(field: str) -> Why:
             return _no_critic(c, f)
         if kind is None or field in kind.settings:
             return None
-        named = f"`model.critic`={c.model.critic!r}" + (
-            f" resolves to {kind.name!r} with `rollout.env`" if c.model.critic == "auto" else "")
+        named = f"`critic.kind`={c.critic.kind!r}" + (
+            f" resolves to {kind.name!r} with `rollout.env`" if c.critic.kind == "auto" else "")
         readers = " or ".join(k.name for k in critics.CriticKind.REGISTRY.values() if field in k.settings)
         return (f"is unused: a {kind.name} critic ({named}) {kind.what}; only a {readers} critic reads it, "
                 f"where it {critics.KIND_SETTINGS[field]}")
@@ -111,11 +111,11 @@ def _kind_ignores(field: str) -> Why:
 
 
 def _critic_init_unused(c: TrainConfig, f: Facts) -> str | None:
-    if (why := _kind_ignores("model.critic_init")(c, f)) is not None:
+    if (why := _kind_ignores("critic.init")(c, f)) is not None:
         return why
-    if c.model.critic_init == "reward" and c.rollout.env is not None:
+    if c.critic.init == "reward" and c.rollout.env is not None:
         return "needs a reward model, but `rollout.env`'s turn rewards replace `model.reward`: none is loaded"
-    if c.model.critic_init == "reward" and not any(is_model_path(s) for s, _ in reward_specs(c.model)):
+    if c.critic.init == "reward" and not any(is_model_path(s) for s, _ in reward_specs(c.model)):
         return "needs a reward model, but `model.reward` names verifiers only"
     return None
 
@@ -270,7 +270,7 @@ def _lanes_unused(cuda: bool) -> Why:
 
 
 def _no_lora(c: TrainConfig, f: Facts) -> str | None:
-    if c.model.lora_r or (_spec(c).needs_critic and c.model.critic_adapter_rank):
+    if c.model.lora_r or (_spec(c).needs_critic and critics.settings_kind(c).adapter_rank(c)):
         return None
     return "is unused: `model.lora_r` is 0 and no critic has adapters (every weight trains)"
 
@@ -291,29 +291,29 @@ def _no_progress(c: TrainConfig, f: Facts) -> str | None:
 
 GAE_ONLY = "leave it out (in `ppo-lm compare`, set it in the gae section of `per_estimator`)"
 LEAVE = "leave it out"
-COMPARE_BASE = ("`ppo-lm compare` gives every estimator the demo preset's `optim.critic_lr` "
+COMPARE_BASE = ("`ppo-lm compare` gives every estimator the demo preset's `critic.lr` "
                 "(src/ppo_lm/presets/demo_ppo.yaml), and `ppo-lm demo --ppo.algo.estimator grpo` does too")
 RECIPE_ENV = ("examples/real_model/run.py passes its reward `--model.reward rewards.py:correct` with any --config, "
               "examples/multi_turn/ppo.yaml's environment included")
 
 RULES: tuple[Rule, ...] = (
     # The critic and GAE: estimators without a critic (docs/algorithm.md §3).
-    Rule(("optim.critic_epochs", "optim.critic_warmup_iterations"), _no_critic_to_train, GAE_ONLY),
+    Rule(("critic.epochs", "critic.warmup_iterations"), _no_critic_to_train, GAE_ONLY),
     Rule(("algo.bootstrap_truncated",), _no_bootstrap, GAE_ONLY),
-    Rule(("model.critic", "algo.gae_lambda", "algo.critic_lambda",
-          "algo.adaptive_lambda_alpha", "algo.value_clip_eps", "algo.vf_coef"), _no_critic, GAE_ONLY),
-    Rule(("algo.critic_target",), _no_kl_in_reward, GAE_ONLY),
-    Rule(("optim.critic_lr",), _no_critic, "leave it out, or pass `--optim.critic-lr auto` over a preset that sets it "
+    Rule(("critic.kind", "algo.gae_lambda", "critic.gae_lambda",
+          "algo.adaptive_lambda_alpha", "critic.value_clip_eps", "critic.vf_coef"), _no_critic, GAE_ONLY),
+    Rule(("critic.target",), _no_kl_in_reward, GAE_ONLY),
+    Rule(("critic.lr",), _no_critic, "leave it out, or pass `--critic.lr auto` over a preset that sets it "
          "(the demo's does; `ppo-lm compare` gives it to every estimator)", shared_by=COMPARE_BASE),
     Rule(("algo.whiten_advantages",), _not_whitened, GAE_ONLY),
     Rule(("algo.gamma",), _scores_only,
          "leave it out (in `ppo-lm compare`, set it in the gae and reinforce++ sections of `per_estimator`)"),
     # a path is checked as a model directory first
-    Rule(("model.critic_init",), _critic_init_unused, "leave it out ('auto'), or give a critic that uses it",
+    Rule(("critic.init",), _critic_init_unused, "leave it out ('auto'), or give a critic that uses it",
          after_files=True),
-    Rule(("model.value_grad_scale",), _kind_ignores("model.value_grad_scale"),
-         "leave it out, or set `model.critic` to 'shared'"),
-    Rule(("rollout.logp_from_sampler",), _sampler_logp_unused, "leave it out, or set `model.critic` to 'separate'"),
+    Rule(("critic.value_grad_scale",), _kind_ignores("critic.value_grad_scale"),
+         "leave it out, or set `critic.kind` to 'shared'"),
+    Rule(("rollout.logp_from_sampler",), _sampler_logp_unused, "leave it out, or set `critic.kind` to 'separate'"),
     # The KL and the policy loss.
     # `algo.kl_in` with `algo.kl_coef` 0 is accepted: it is the fix validate.py's refusal of a reward KL with a
     # score-only estimator names (old GRPO runs resume that way), and placing no KL anywhere is harmless.
@@ -369,8 +369,8 @@ RULES: tuple[Rule, ...] = (
          shared_by="tests/trainer_helpers.py's tiny_config sizes the built-in model for every test, whatever its policy"),
     # (`model.lora_head` without `model.lora_r`: validate.py's _check_lora refuses it)
     Rule(("model.lora_alpha", "model.lora_dropout", "model.lora_target_modules"), _no_lora,
-         "set `model.lora_r` (or `model.critic_lora_r`) > 0 for adapters, or leave it out"),
-    Rule(("model.critic_lora_r",), _kind_ignores("model.critic_lora_r"), "leave it out, or set `model.critic` to 'separate'"),
+         "set `model.lora_r` (or `critic.lora_r`) > 0 for adapters, or leave it out"),
+    Rule(("critic.lora_r",), _kind_ignores("critic.lora_r"), "leave it out, or set `critic.kind` to 'separate'"),
     # Processes and devices.
     Rule(("model.fsdp",), _single_process, "launch with torchrun --nproc-per-node N, or leave it out"),
     Rule(("model.fsdp_bf16",), _no_fsdp, "leave it out, or shard with `model.fsdp` under torchrun"),

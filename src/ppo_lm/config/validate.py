@@ -31,14 +31,14 @@ def _check_builtin(cfg: TrainConfig) -> None:
 
 def _check_lora(cfg: TrainConfig) -> None:
     m = cfg.model
-    kind = settings_kind(m)
-    if m.critic_lora_r and kind.own_body and "model.critic_lora_r" not in kind.settings:  # a frozen one
-        raise ConfigError(f"`model.critic_lora_r`={m.critic_lora_r} with `model.critic`={kind.name!r}: a {kind.name} "
-                          f"critic trains {kind.trains(m)} alone; set `model.critic` to 'separate' for a LoRA "
-                          "critic, or leave `model.critic_lora_r` out")
+    kind = settings_kind(cfg)
+    if cfg.critic.lora_r and kind.own_body and "critic.lora_r" not in kind.settings:  # a frozen one
+        raise ConfigError(f"`critic.lora_r`={cfg.critic.lora_r} with `critic.kind`={kind.name!r}: a {kind.name} "
+                          f"critic trains {kind.trains(cfg)} alone; set `critic.kind` to 'separate' for a LoRA "
+                          "critic, or leave `critic.lora_r` out")
     if m.lora_head and not m.lora_r:
         raise ConfigError("`model.lora_head` needs `model.lora_r` > 0 (the rank of the adapters)")
-    if not m.lora_r and not m.critic_adapter_rank:
+    if not m.lora_r and not kind.adapter_rank(cfg):
         return
     targets = m.lora_target_modules
     if not targets or any(not isinstance(t, str) or not t.strip() for t in targets):
@@ -50,7 +50,7 @@ def _check_lora(cfg: TrainConfig) -> None:
     import importlib.util
 
     if importlib.util.find_spec("peft") is None:
-        field = "model.lora_r" if m.lora_r else "model.critic_lora_r"
+        field = "model.lora_r" if m.lora_r else "critic.lora_r"
         raise ConfigError(f"`{field}` > 0 needs the peft package: pip install 'ppo-lm[lora]'")
 
 

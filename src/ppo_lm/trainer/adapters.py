@@ -1,6 +1,6 @@
 """LoRA in a run (``model.lora_r`` > 0, docs/lora.md): adapters on the policy and a separate critic, the
 reference as the policy with its adapters off, and frozen bodies shared instead of copied — a critic's
-frozen body too (``model.critic_lora_r``, ``model.critic`` frozen; docs/critic.md)."""
+frozen body too (``critic.lora_r``, ``critic.kind`` frozen; docs/critic.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 
 from torch import nn
 
+from ..config import critics
 from ..config.train import ModelConfig, TrainConfig
 from ..models import lora
 from ..models.actor_critic import AdaptersOff, CriticModel, PolicyModel
@@ -49,20 +50,20 @@ def build_reference(policy: PolicyModel) -> PolicyModel | AdaptersOff:
 
 
 def freeze_critic_body(cfg: TrainConfig, critic: CriticModel, ref: nn.Module, reward_model: nn.Module | None) -> None:
-    """A separate critic whose body does not train (``model.critic_body_frozen``): LoRA adapters on it at
-    ``model.critic_adapter_rank``, or none for a frozen critic; its value head trains in full either
-    way. The body it started from (``model.critic_init``) is frozen on both sides, so the critic holds
+    """A separate critic whose body does not train (its kind's ``body_frozen``): LoRA adapters on it at
+    its kind's ``adapter_rank``, or none for a frozen critic; its value head trains in full either
+    way. The body it started from (``critic.init``) is frozen on both sides, so the critic holds
     those weights by reference, not as a copy: the reward model's, or the policy's as it started —
     the frozen reference ``ref`` (the policy's own base weights with LoRA), so in full fine-tuning the
     critic adds no second body to memory."""
-    source = cfg.model.critic_init
+    source = cfg.critic.init
     if source == "auto":
         source = "reward" if reward_model is not None else "policy"
     donor = {"reward": reward_model, "policy": ref.lm}.get(source)
     critic.model.requires_grad_(False)
     if donor is not None:
         share_weights(trunk(critic.model), trunk(donor))
-    rank = cfg.model.critic_adapter_rank
+    rank = critics.settings_kind(cfg).adapter_rank(cfg)
     if rank:
         _add(critic.model, cfg, None, head=False, r=rank)
     scalar_head(critic.model).requires_grad_(True)

@@ -133,7 +133,7 @@ def build_models(cfg: TrainConfig, pre: Preflight, device: torch.device, *, poli
     # the "auto" learning rates and response limit, by the policy's size (config/sizing.py)
     sized = sizing.resolve_auto(cfg, sum(p.numel() for p in lm.parameters()),
                                 getattr(lm.config, "max_position_embeddings", None))
-    check_resolved_critic(sized.cfg, cfg.model.critic == "auto")
+    check_resolved_critic(sized.cfg, cfg.critic.kind == "auto")
     cfg = sized.cfg
     kind = critics.kind_of(cfg)
     policy_module = roles.build_policy_module(cfg, lm, with_value_head=kind.values_from == "policy").to(device)
@@ -143,15 +143,15 @@ def build_models(cfg: TrainConfig, pre: Preflight, device: torch.device, *, poli
     for term in terms:
         if term.model is not None:
             term.model.to(device)
-    # the first reward model, if any: a separate critic may start from it (model.critic_init)
+    # the first reward model, if any: a separate critic may start from it (critic.init)
     reward_model = next((term.model for term in terms if term.model is not None), None)
     critic = None
     if kind.own_body:
-        critic = roles.build_critic(cfg.model, lm, reward_model).to(device)
+        critic = roles.build_critic(cfg, lm, reward_model).to(device)
     if cfg.model.lora_r:  # only adapters train (docs/lora.md)
         adapters.add_policy_adapters(cfg, policy_module)
     ref = adapters.build_reference(policy_module).to(device)
-    if kind.body_frozen(cfg.model):  # adapters or the value head alone train
+    if kind.body_frozen(cfg):  # adapters or the value head alone train
         adapters.freeze_critic_body(cfg, critic, ref, reward_model)
     if cfg.model.gradient_checkpointing:
         enable_checkpointing(lm)

@@ -67,10 +67,9 @@ def banner(run: Run) -> str:
         lines.append("  reference the policy with its adapters off (no copy of the weights)")
     else:
         lines.append(f"  reference frozen copy of the policy: {parameters(run.models.ref)}")
-    m = cfg.model
     kind = run.models.critic_kind
     body = f"{type(run.models.critic.model).__name__}: {parameters(run.models.critic)}" if run.models.critic is not None else ""
-    if line := kind.banner(m, body):
+    if line := kind.banner(cfg, body):
         lines.append(line)
     envs = run.sampler.producer.envs
     if envs is not None:

@@ -84,9 +84,9 @@ def build_learner(cfg: TrainConfig, policy: PolicyModel, critic: CriticModel | N
         critic_params = [p for p in critic.parameters() if p.requires_grad]
     adam = dict(weight_decay=o.weight_decay, betas=tuple(o.adam_betas), eps=o.adam_eps, fused=not fsdp)
     actor_opt = optim.adamw(actor_params, o.actor_lr, **adam)
-    critic_opt = optim.adamw(critic_params, o.critic_lr, **adam) if critic_params else None
-    total = cfg.iterations * (o.critic_epochs or o.epochs) * o.num_minibatches
-    actor_total = max(cfg.iterations - o.critic_warmup_iterations, 1) * o.epochs * o.num_minibatches
+    critic_opt = optim.adamw(critic_params, cfg.critic.lr, **adam) if critic_params else None
+    total = cfg.iterations * (cfg.critic.epochs or o.epochs) * o.num_minibatches
+    actor_total = max(cfg.iterations - cfg.critic.warmup_iterations, 1) * o.epochs * o.num_minibatches
     return Learner(
         policy, critic, policy_fwd, critic_fwd, actor_params, critic_params, actor_opt, critic_opt,
         optim.lr_schedule(actor_opt, o.schedule, o.warmup_steps, actor_total),

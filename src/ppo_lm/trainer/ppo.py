@@ -140,7 +140,7 @@ class PPOTrainer:
                 rewards = shape_rewards(scores, batch.logp_old, batch.logp_ref, mask, kl_coef=reward_beta,
                                         kl_estimator=a.kl_estimator, step_rewards=steps)
                 critic_rewards = None
-                if a.critic_target == "score" and reward_beta > 0:
+                if cfg.critic.target == "score" and reward_beta > 0:
                     critic_rewards = shape_rewards(scores, batch.logp_old, batch.logp_ref, mask, kl_coef=0.0,
                                                    step_rewards=steps)
 
@@ -150,7 +150,7 @@ class PPOTrainer:
                     values=batch.values_old, bootstrap_values=batch.bootstrap_values,
                     group_size=cfg.rollout.samples_per_prompt, critic_rewards=critic_rewards,
                 )
-                settings = AdvantageSettings(gamma=a.gamma, lam=a.gae_lambda, critic_lam=a.critic_lambda,
+                settings = AdvantageSettings(gamma=a.gamma, lam=a.gae_lambda, critic_lam=cfg.critic.gae_lambda,
                                              adaptive_lam_alpha=a.adaptive_lambda_alpha)
                 advantages, returns = compute_advantages(a.estimator, inputs, settings,
                                                          all_reduce=dist.all_reduce_sum)
@@ -166,7 +166,7 @@ class PPOTrainer:
             # 4. K epochs of minibatch updates on the fixed rollout.
             with timer("update_s"):
                 upd = ppo_update(self.training.learner, UpdateBatch.of(batch, advantages, returns, is_weights), cfg, self.training.shuffle_gen,
-                                 train_policy=iteration > cfg.optim.critic_warmup_iterations,
+                                 train_policy=iteration > cfg.critic.warmup_iterations,
                                  kl_coef=beta if a.kl_in == "loss" else 0.0,
                                  nonfinite_in_row=self.training.state.nonfinite_in_row)
         count_nonfinite(upd, self.training.state, self.cfg.optim.max_nonfinite_in_row, iteration)

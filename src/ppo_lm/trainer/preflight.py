@@ -80,8 +80,8 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     for spec, _ in specs:
         if is_model_path(spec):
             _check_one_label(check_model_dir(spec, "model.reward", "sequence-classification"), spec)
-    if m.critic_init not in ("auto", "policy", "reward"):
-        check_model_dir(m.critic_init, "model.critic_init")
+    if cfg.critic.init not in ("auto", "policy", "reward"):
+        check_model_dir(cfg.critic.init, "critic.init")
 
     if cfg.data.chat_template not in ("auto", "none"):
         _check_chat_template(cfg.data.chat_template)  # read and parsed even where the prompts are text
@@ -113,7 +113,7 @@ def _resumed_settings(cfg: TrainConfig) -> dict:
     out = Path(cfg.output_dir)
     if not (cfg.resume or cfg.auto_resume) or not list_checkpoints(out):
         return {}
-    return flatten(load_saved_config(out / "config.yaml"))
+    return flatten(load_saved_config(out / "config.yaml", TrainConfig))
 
 
 def _check_chat_template(path: str) -> None:
@@ -211,7 +211,7 @@ def _check_some_checkpoint_is_whole(out: Path) -> None:
 def check_resume_config(cfg: TrainConfig, out: Path) -> None:
     """A resumed run must be the same experiment as the run it continues (its config.yaml): other
     settings would silently make the rest of the run a different one, or fail to load."""
-    saved = load_saved_config(out / "config.yaml")
+    saved = load_saved_config(out / "config.yaml", TrainConfig)
     if not saved:
         return
     try:  # algo compared as it computes: "auto" resolved, and "no KL" written one way, on both sides

@@ -241,28 +241,28 @@ def critic_class(config):
     return AutoModelForSequenceClassification
 
 
-def build_critic(cfg: ModelConfig, policy_lm: nn.Module, reward_model: nn.Module | None) -> CriticModel:
+def build_critic(cfg: TrainConfig, policy_lm: nn.Module, reward_model: nn.Module | None) -> CriticModel:
     """Separate-body critic: a one-label token-classification model whose body comes from the reward
     model (InstructGPT), the policy, or a checkpoint; the head is the reward head or fresh."""
     from transformers import AutoModelForTokenClassification
 
-    source = cfg.critic_init
+    source = cfg.critic.init
     if source == "auto":
         source = "reward" if reward_model is not None else "policy"
     if source == "reward" and reward_model is None:
-        raise ConfigError("`model.critic_init`='reward' needs a reward model (`model.reward` is a verifier)")
+        raise ConfigError("`critic.init`='reward' needs a reward model (`model.reward` is a verifier)")
     if source not in ("policy", "reward"):
         # any checkpoint's body will do; a head it lacks (e.g. a causal LM's) starts at zero below
         with console.loading("the critic's body", source):
-            model = load_model(AutoModelForTokenClassification, source, "model.critic_init", "any",
-                               require_head=False, num_labels=1, dtype=DTYPES[cfg.dtype])
+            model = load_model(AutoModelForTokenClassification, source, "critic.init", "any",
+                               require_head=False, num_labels=1, dtype=DTYPES[cfg.model.dtype])
     else:
         donor = reward_model if source == "reward" else policy_lm
         config = copy.deepcopy(donor.config)
         config.num_labels = 1
         config.classifier_dropout = 0.0
         with torch.random.fork_rng(devices=[]):
-            model = critic_class(config).from_config(config, dtype=DTYPES[cfg.dtype])
+            model = critic_class(config).from_config(config, dtype=DTYPES[cfg.model.dtype])
         trunk(model).load_state_dict(trunk(donor).state_dict())
         head = scalar_head(model)
         with torch.no_grad():
@@ -296,4 +296,4 @@ def build_shared_value_head(policy_lm: nn.Module) -> nn.Linear:
 def build_policy_module(cfg: TrainConfig, policy_lm: nn.Module, *, with_value_head: bool) -> PolicyModel:
     disable_dropout(policy_lm)
     head = build_shared_value_head(policy_lm) if with_value_head else None
-    return PolicyModel(policy_lm, value_head=head, value_grad_scale=cfg.model.value_grad_scale)
+    return PolicyModel(policy_lm, value_head=head, value_grad_scale=cfg.critic.value_grad_scale)

@@ -1,5 +1,5 @@
 """Step 4 of the loop (docs/algorithm.md §1.4): K epochs × minibatches × micro-batches of PPO updates on a
-fixed rollout (the critic's own number of epochs with ``optim.critic_epochs``), read top to bottom in
+fixed rollout (the critic's own number of epochs with ``critic.epochs``), read top to bottom in
 :func:`ppo_update`.
 
 Per micro-batch: forward, objective (:func:`~ppo_lm.algorithms.ppo_objective`), backward
@@ -121,7 +121,7 @@ def objective_settings(cfg: TrainConfig, kl_coef: float) -> ObjectiveSettings:
     return ObjectiveSettings(
         policy_loss=a.policy_loss, clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high, dual_clip=a.dual_clip,
         kl_coef=kl_coef, kl_estimator=a.kl_estimator, kl_clamp=a.kl_clamp, entropy_coef=a.entropy_coef,
-        vf_coef=a.vf_coef, value_clip_eps=a.value_clip_eps, loss_agg=a.loss_agg,
+        vf_coef=cfg.critic.vf_coef, value_clip_eps=cfg.critic.value_clip_eps, loss_agg=a.loss_agg,
         horizon=float(cfg.rollout.max_new_tokens),
     )
 
@@ -274,10 +274,10 @@ def ppo_update(
 
     if learner.release_memory:
         release_free_memory()  # sampling's and scoring's freed temporaries: not resident during the update
-    # the policy's and the critic's passes over the rollout (optim.critic_epochs); past the shorter
+    # the policy's and the critic's passes over the rollout (critic.epochs); past the shorter
     # count, the epochs train one model alone and skip the other's forward
     actor_epochs = o.epochs if train_policy else 0
-    critic_epochs = (o.critic_epochs or o.epochs) if train_critic else 0
+    critic_epochs = (cfg.critic.epochs or o.epochs) if train_critic else 0
     with checkpointing_on(learner.policy, learner.critic):  # (a no-op unless a model checkpoints)
         for epoch in range(max(actor_epochs, critic_epochs)):
             policy_now, critic_now = epoch < actor_epochs, epoch < critic_epochs

@@ -3,7 +3,7 @@ what trains is written, what is frozen is fingerprinted, and reading checks both
 
 - A model that trains in full: ``save_pretrained`` (loads with plain transformers).
 - A LoRA model: peft's adapter files, plus a critic's value head in ``value_head.safetensors``.
-- A critic whose body is frozen and holds no adapters (``model.critic: frozen``): its value head alone,
+- A critic whose body is frozen and holds no adapters (``critic.kind: frozen``): its value head alone,
   in ``value_head.safetensors``. Its body is the frozen reference's (or the reward model's), which the
   run's own ``model.policy`` rebuilds, so a checkpoint holds kilobytes for it, not the body's weights.
 
