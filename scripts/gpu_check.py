@@ -21,7 +21,7 @@ from pathlib import Path
 def main() -> int:
     import torch
 
-    from ppo_lm.cli.bench import run_bench
+    from ppo_lm.cli.bench import BenchRun, run_bench
     from ppo_lm.config.train import TrainConfig
     from ppo_lm.trainer.ppo import PPOTrainer
 
@@ -36,8 +36,7 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = [{"device": torch.cuda.get_device_name() if gpu else "cpu", "torch": torch.__version__}]
     for compile_kernels in (False, True):
-        r = run_bench("w1", iterations=3, threads=0, json_out=False, device=args.device,
-                      compile_kernels=compile_kernels)
+        r = run_bench(BenchRun("w1", iterations=3, threads=0, device=args.device, compile_kernels=compile_kernels))
         lines.append({"part": "w1", **r})
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(output_dir=tmp, iterations=20, seed=0)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo_lm.cli import bench, bench_workloads
+from ppo_lm.cli import bench, bench_host, bench_workloads
 from ppo_lm.cli.main import main
 from ppo_lm.runtime import peak
 
@@ -143,17 +143,17 @@ def test_flop_count_of_w1():
 def test_host_load_shares():
     """Other processes' share = machine busy time minus our own, over the machine's total; steal apart."""
     hz = os.sysconf("SC_CLK_TCK")
-    before = bench.HostCPU(busy=1000, steal=50, total=10_000)
-    after = bench.HostCPU(busy=1000 + 3 * hz, steal=50 + hz // 2, total=10_000 + 20 * hz)
-    load = bench.host_load(before, after, own_s=2.0)  # we used 2 of the 3 busy CPU seconds
+    before = bench_host.HostCPU(busy=1000, steal=50, total=10_000)
+    after = bench_host.HostCPU(busy=1000 + 3 * hz, steal=50 + hz // 2, total=10_000 + 20 * hz)
+    load = bench_host.host_load(before, after, own_s=2.0)  # we used 2 of the 3 busy CPU seconds
     assert load == {"other_cpu_share": pytest.approx(1 / 20, abs=1e-3), "steal_share": pytest.approx(0.025, abs=1e-3)}
     # our own time can exceed the machine's busy ticks by rounding: never a negative share
-    assert bench.host_load(before, after, own_s=4.0)["other_cpu_share"] == 0
-    assert bench.host_load(None, after, 1.0) == {} and bench.host_load(after, after, 1.0) == {}
+    assert bench_host.host_load(before, after, own_s=4.0)["other_cpu_share"] == 0
+    assert bench_host.host_load(None, after, 1.0) == {} and bench_host.host_load(after, after, 1.0) == {}
 
 
 def test_host_cpu_counters_add_up():
-    c = bench.host_cpu()
+    c = bench_host.host_cpu()
     assert (c is not None) == Path("/proc/stat").exists()
     if c is not None:
         assert 0 <= c.busy and 0 <= c.steal and c.busy + c.steal <= c.total
@@ -237,9 +237,9 @@ def test_decoder_shapes_and_fractions_of_the_peak():
     assert sum(s.flops for s in shapes) == 2 * 10 * (2 * 4 * 4 + 2 * 4 * 2 + 3 * 4 * 6)  # as forward_flops counts
     host = {"peak_onednn_gflop_per_s": 400.0, "peak_blas_gflop_per_s": 200.0,
             "peak_onednn_gflop_per_s_2048": 500.0, "peak_blas_gflop_per_s_2048": 250.0}
-    assert bench.peak_fractions(host, update_gflop_per_s=100.0, iteration_gflop_per_s=50.0) == {
+    assert bench_host.peak_fractions(host, update_gflop_per_s=100.0, iteration_gflop_per_s=50.0) == {
         "update_of_peak": 0.25, "iteration_of_peak": 0.125, "update_of_peak_2048": 0.2, "iteration_of_peak_2048": 0.1}
-    assert bench.peak_fractions({}, 100.0, 50.0) == {}  # no peak measured (a GPU run): no fraction
+    assert bench_host.peak_fractions({}, 100.0, 50.0) == {}  # no peak measured (a GPU run): no fraction
 
 
 @pytest.mark.slow  # ~5.5 s of the fast suite's 4 minutes; .ci/run runs it
