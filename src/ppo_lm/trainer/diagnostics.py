@@ -1,6 +1,9 @@
-"""Step 5's diagnostics of a rollout (docs/algorithm.md §4), as one function of its tensors."""
+"""Step 5's diagnostics of a rollout (docs/algorithm.md §4), as one function of its tensors, and the
+warning they can raise."""
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import Tensor
@@ -8,7 +11,6 @@ from torch import Tensor
 from ..algorithms import episode_returns, explained_variance, kl_penalty, masked_mean_var
 from ..rollout.score.batch import RolloutBatch
 from ..runtime import distributed as dist
-from ..runtime.timing import Timer
 
 
 def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, returns: Tensor | None, *,
@@ -85,22 +87,16 @@ def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, re
     return m
 
 
-def throughput(timer: Timer, mask: Tensor, n_episodes: int, *, epochs: int, asynchronous: bool = False,
-               sampled_s: float | None = None) -> dict[str, float]:
-    """The iteration's phase timings and rates: tokens of ``mask`` (B, T) over the global batch,
-    ``n_episodes`` global, ``epochs`` passes of the update over them. ``iteration_s`` is the learner's wall
-    clock from taking the batch to publishing the weights, waits included, and ``episodes_per_s`` is on
-    it; ``rollout_tokens_per_s`` is on the sampler's clock: ``generate_s``, or ``sampled_s`` where a
-    producer process sampled (``asynchronous``: the learner's ``generate_s`` is then its wait for the
-    batch; without ``sampled_s`` — a batch a checkpoint kept — no rate)."""
-    s = {"generate_s": 0.0, "score_s": 0.0, **timer.seconds, "iteration_s": timer.since_start()}
-    tokens = float(dist.all_reduce_sum(mask.sum().float()))
-    if not asynchronous:
-        s["rollout_tokens_per_s"] = tokens / max(s["generate_s"], 1e-9)
-    elif sampled_s is not None:
-        s["rollout_tokens_per_s"] = tokens / max(sampled_s, 1e-9)
-    s["update_tokens_per_s"] = tokens * epochs / max(s["update_s"], 1e-9)
-    s["episodes_per_s"] = n_episodes / max(s["iteration_s"], 1e-9)
-    s["rollout_s"] = s["generate_s"] + s["score_s"]
-    return s
-
+def warn_if_no_signal(metrics: dict[str, float], *, warned: bool) -> bool:
+    """Warn once per run (``warned``: already) where every response of an iteration scored the same
+    (``metrics`` from :func:`rollout_metrics`), so the advantages carry no information about which
+    response was better — typical of an untrained policy on a hard task. Returns whether the run has
+    been warned."""
+    if warned or metrics["score_min"] != metrics["score_max"] or metrics.get("steps_per_response"):
+        return warned
+    if dist.is_main():
+        warnings.warn(
+            f"every response of this iteration scored {metrics['score_max']:g}: the scores carry no learning "
+            "signal. Start from a policy that sometimes succeeds (e.g. after `ppo-lm sft`), sample more per "
+            "prompt (`rollout.samples_per_prompt`), or use a reward with partial credit", stacklevel=3)
+    return True

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,16 +34,16 @@ from ..rollout.score.scoring import score_trajectories
 from ..rollout.trajectory import TrajectoryBatch
 from ..runtime import distributed as dist
 from ..runtime.files import OutputDirLock
-from ..runtime.timing import Timer
+from ..runtime.timing import Timer, throughput
 from . import credit
 from .assemble import assemble
 from .banner import banner
 from .checkpoint.state import load_checkpoint, save_checkpoint
 from .correction import off_policy_correction
-from .diagnostics import rollout_metrics, throughput
+from .diagnostics import rollout_metrics, warn_if_no_signal
 from .held_out import held_out_metrics
 from .preflight import preflight
-from .update import UpdateBatch, count_nonfinite, ppo_update
+from .update import UpdateBatch, ppo_update
 
 
 @dataclass
@@ -168,14 +167,14 @@ class PPOTrainer:
                 upd = ppo_update(self.training.learner, UpdateBatch.of(batch, advantages, returns, is_weights), cfg, self.training.shuffle_gen,
                                  train_policy=iteration > cfg.critic.warmup_iterations,
                                  kl_coef=beta if a.kl_in == "loss" else 0.0,
-                                 nonfinite_in_row=self.training.state.nonfinite_in_row)
-        count_nonfinite(upd, self.training.state, self.cfg.optim.max_nonfinite_in_row, iteration)
+                                 nonfinite_in_row=self.training.state.nonfinite_in_row, iteration=iteration)
+        self.training.state.nonfinite_in_row = upd.nonfinite_in_row
+        self.training.state.nonfinite_total += upd.skipped
 
         # 5. Diagnostics over the global batch, then the KL controller sees this batch's KL.
         metrics = rollout_metrics(batch, rewards, advantages, returns, beta=beta, kl_estimator=a.kl_estimator,
                                   samples_per_prompt=cfg.rollout.samples_per_prompt)
-        if metrics["score_min"] == metrics["score_max"] and not metrics.get("steps_per_response"):
-            self._warn_no_signal(metrics["score_max"])
+        self.warned_no_signal = warn_if_no_signal(metrics, warned=self.warned_no_signal)
         metrics.update(off_policy)  # and, asynchronous, how old the sampling weights were
         metrics.update(upd.stats.as_dict())
         metrics["lr_actor"] = upd.lr_actor
@@ -191,17 +190,6 @@ class PPOTrainer:
         if self.held_out is None:
             raise ValueError("this run has no held-out prompts (`data.eval_prompts`)")
         return held_out_metrics(self.held_out, iteration)
-
-    def _warn_no_signal(self, score: float) -> None:
-        """Once per run: every response of an iteration scored the same, so the advantages carry no
-        information about which response was better — typical of an untrained policy on a hard task."""
-        if self.warned_no_signal or not dist.is_main():
-            return
-        self.warned_no_signal = True
-        warnings.warn(
-            f"every response of this iteration scored {score:g}: the scores carry no learning signal. Start "
-            "from a policy that sometimes succeeds (e.g. after `ppo-lm sft`), sample more per prompt "
-            "(`rollout.samples_per_prompt`), or use a reward with partial credit", stacklevel=3)
 
     # ------------------------------------------------------------------------------------------
     def train(

@@ -34,15 +34,13 @@ class UpdateResult(NamedTuple):
     """What one update did. ``stats``: over every applied minibatch step and rank (means, and the
     maximum for ``ratio_max``); ``lr_*``: the learning rate the last step used (the critic's None
     without a critic); ``skipped``: minibatch steps skipped for a non-finite loss or gradient norm;
-    ``nonfinite_in_row``: skips since the last applied step, the ones carried in included;
-    ``nonfinite_max_in_row``: the longest such run during this update."""
+    ``nonfinite_in_row``: skips since the last applied step, the ones carried in included."""
 
     stats: UpdateStats
     lr_actor: float
     lr_critic: float | None
     skipped: int
     nonfinite_in_row: int
-    nonfinite_max_in_row: int
 
 
 class NonFiniteLossError(UserError, RuntimeError):
@@ -91,19 +89,6 @@ class UpdateBatch:
         """Rows ``idx`` (see :func:`~ppo_lm.rollout.score.batch.select_rows`)."""
         return select_rows(self, idx, trim)
 
-
-
-def count_nonfinite(upd: UpdateResult, state, limit: int, iteration: int) -> None:
-    """Skipped minibatch steps into the run's ``state`` (a :class:`~ppo_lm.trainer.checkpoint.state.TrainState`);
-    ``limit`` (``optim.max_nonfinite_in_row``) in a row stop the run."""
-    state.nonfinite_in_row = upd.nonfinite_in_row
-    state.nonfinite_total += upd.skipped
-    if upd.nonfinite_max_in_row >= limit:
-        raise NonFiniteLossError(
-            f"{upd.nonfinite_max_in_row} consecutive minibatch updates had a non-finite loss or gradient "
-            f"(iteration {iteration}; `optim.max_nonfinite_in_row`={limit}): lower "
-            "the learning rates or check the reward scale"
-        )
 
 
 class RowsResult(NamedTuple):
@@ -222,6 +207,7 @@ def minibatch_gradients(learner: Learner, batch: UpdateBatch, mb_idx: Tensor, ob
     the rows' response lengths."""
     a = cfg.algo
     count = minibatch_count(batch.loss_mask[mb_idx], a.loss_agg)
+    micro = micro_batches(mb_idx, batch, cfg.optim.micro_batch_size, packed=packed)
 
     def rows_forward_backward(rows: Tensor) -> RowsResult:
         return forward_backward(learner, batch.select(rows), objective, count, train_policy=train_policy,
@@ -229,7 +215,6 @@ def minibatch_gradients(learner: Learner, batch: UpdateBatch, mb_idx: Tensor, ob
                                 with_entropy=a.entropy_coef > 0 or first_epoch)  # a diagnostic: epoch 1
 
     stats, finite = StatsAggregator(), True
-    micro = micro_batches(mb_idx, batch, cfg.optim.micro_batch_size, packed=packed)
     for j, rows in enumerate(micro):
         for r in learner.accumulate(rows_forward_backward, rows, lengths[rows], batch.prompt_width,
                                     sync=j == len(micro) - 1):
@@ -249,6 +234,7 @@ def ppo_update(
     train_policy: bool = True,
     kl_coef: float = 0.0,
     nonfinite_in_row: int = 0,
+    iteration: int = 0,
 ) -> UpdateResult:
     """Optimise the clipped surrogate and the value loss on a fixed rollout.
 
@@ -257,7 +243,8 @@ def ppo_update(
     minibatch whose loss or gradient norm is non-finite on any rank is skipped on all of them.
     ``train_policy`` False: critic warm-up. ``kl_coef``: β of the KL loss term (``algo.kl_in`` =
     loss; the KL controller's current value), 0 for none. ``nonfinite_in_row``: skipped minibatch
-    steps that ended the previous update, continued here.
+    steps that ended the previous update, continued here; ``optim.max_nonfinite_in_row`` of them in a
+    row stop the run (:class:`NonFiniteLossError`, naming ``iteration``).
     """
     o = cfg.optim
     B = batch.size
@@ -310,5 +297,9 @@ def ppo_update(
                 if critic_now:
                     lr_critic = learner.critic_opt.param_groups[0]["lr"]
                     learner.critic_sched.step()
+    if max_in_row >= o.max_nonfinite_in_row:
+        raise NonFiniteLossError(
+            f"{max_in_row} consecutive minibatch updates had a non-finite loss or gradient (iteration {iteration}; "
+            f"`optim.max_nonfinite_in_row`={o.max_nonfinite_in_row}): lower the learning rates or check the reward scale")
     return UpdateResult(stats.result(all_reduce_sum=dist.all_reduce_sum, all_reduce_max=dist.all_reduce_max),
-                        lr_actor, lr_critic, skipped, in_row, max_in_row)
+                        lr_actor, lr_critic, skipped, in_row)
