@@ -88,3 +88,19 @@ def test_a_run_written_with_the_older_names_resumes(tmp_path, capsys):
     rewritten = yaml.safe_load((run / "config.yaml").read_text())
     assert rewritten["critic"]["kind"] == "separate" and "critic" not in rewritten["model"]
     assert "differ" not in capsys.readouterr().err
+
+
+def test_every_shipped_yaml_writes_todays_names():
+    """The presets and examples are read without a rename notice: a user copying one learns the names
+    as they are now (compare's per_estimator sections included)."""
+    from pathlib import Path
+
+    from ppo_lm.cli.compare_plan import read_file_settings
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted({*root.joinpath("examples").rglob("*.yaml"), *root.joinpath("src/ppo_lm/presets").glob("*.yaml")})
+    assert len(files) >= 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for f in files:
+            read_file_settings(str(f))
