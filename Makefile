@@ -14,10 +14,10 @@ $(BIN)/python:
 # torch first: pip takes the local CPU build, so no later package pulls a multi-GB CUDA build.
 # Then the experiment trackers of `log.report_to`, for tests/test_trackers.py (about 15 s, 250 MB;
 # each of its tests skips when its tracker is missing), peft for LoRA (tests/test_lora.py) and
-# reasoning-gym, the public task generator of examples/reasoning_gym (tests/test_example_reasoning_gym.py).
+# reasoning-gym, whose tasks a run takes as prompts and reward (tests/test_reasoning_gym.py, examples/reasoning_gym).
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "torch==2.13.0" || $(BIN)/pip install --quiet "torch>=2.4"
-	$(BIN)/pip install --quiet -e ".[dev,trackers,lora,tasks]"
+	$(BIN)/pip install --quiet -e ".[dev,trackers,lora,reasoning-gym]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -12,6 +12,7 @@ import pytest
 from trainer_helpers import tiny_config
 
 from ppo_lm.cli.main import main
+from ppo_lm.config.train import TrainConfig
 from ppo_lm.models.loading import ModelLoadError, check_model_dir, load_model
 from ppo_lm.rollout.score.reward import load_verifier, score_with_verifier
 from ppo_lm.runtime.errors import ConfigError
@@ -116,7 +117,8 @@ def test_reward_model_and_critic_init_directories_are_checked(tmp_path, capsys, 
 
 def test_cheap_checks_come_before_any_model(tmp_path, capsys, no_model_loads):
     run = tmp_path / "run"
-    err = _train(capsys, "--data.prompts", str(tmp_path / "missing.jsonl"), "--output-dir", str(run))
+    err = _train(capsys, "--data.prompts", str(tmp_path / "missing.jsonl"), "--model.reward", "builtin:equations",
+                 "--output-dir", str(run))
     assert "no such file" in err and "data.prompts" in err
     run.mkdir(exist_ok=True)
     (run / "metrics.jsonl").write_text('{"iteration": 1}\n')
@@ -167,7 +169,7 @@ def test_reward_spec_errors(tmp_path):
     with pytest.raises(ValueError, match=r"has no function 'score' \(it defines: scorer\)"):
         load_verifier(f"{tmp_path / 'some_reward_abc.py'}:score")
     with pytest.raises(ConfigError, match="model.reward"):
-        roles.load_reward_verifier("nocolon")
+        roles.load_reward_verifier("nocolon", TrainConfig())
 
 
 def test_a_raising_reward_shows_the_users_own_lines(tmp_path):

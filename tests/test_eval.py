@@ -108,7 +108,7 @@ def test_training_and_held_out_prompts_from_the_splits_of_one_dataset(tmp_path):
                     verifier=count_sevens)
     assert tr.sampler.prompts.rows == train and tr.sampler.prompts.eval_rows == test
     with pytest.raises(ConfigError, match=r"has no split 'validation'; its splits: \['test', 'train'\]"):
-        PPOTrainer(tiny_config(tmp_path / "run2", data__prompts=str(d), data__split="validation"))
+        PPOTrainer(tiny_config(tmp_path / "run2", data__prompts=str(d), data__split="validation"), verifier=count_sevens)
 
 
 def test_eval_max_prompts_evaluates_the_first_prompts_of_the_file(tmp_path):

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import reasoning_gym
 
+from ppo_lm.tasks.reasoning_gym import extract
+
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "examples" / "reasoning_gym"
 
@@ -47,12 +49,6 @@ def test_splits_are_disjoint_chat_prompts_of_the_generator(tmp_path):
     assert (tmp_path / "again" / "train.jsonl").read_text() == train.read_text()  # seeded
 
 
-def test_the_answer_is_the_last_tag_else_the_last_number():
-    assert rewards.extract("15 - 43 = -28.") == "-28"
-    assert rewards.extract("<answer>7</answer> so 9") == "7"
-    assert rewards.extract("<answer>1</answer><answer> 12 </answer>") == "12"
-    assert rewards.extract("It is 1,007") == "1007"
-    assert rewards.extract("I do not know") is None
 
 
 def test_the_reward_is_the_tasks_own_score(tmp_path):
@@ -64,7 +60,7 @@ def test_the_reward_is_the_tasks_own_score(tmp_path):
         a = r["answer"]
         responses.append([f"The answer is {a}.", f"{a} + 1 = {int(a) + 1}", "no idea", f"<answer>x{a}</answer>"][i % 4])
     got = rewards.score(["p"] * len(rows), responses, [r["answer"] for r in rows], [r["metadata"] for r in rows])
-    want = [task.score_answer(rewards.extract(x), {"answer": r["answer"], "metadata": r["metadata"]})
+    want = [task.score_answer(extract(x), {"answer": r["answer"], "metadata": r["metadata"]})
             for x, r in zip(responses, rows)]
     assert got == want
     assert got[0] == 1.0 and got[1] == 0.0 and got[2] == 0.0

@@ -104,3 +104,20 @@ def test_every_shipped_yaml_writes_todays_names():
         warnings.simplefilter("error")
         for f in files:
             read_file_settings(str(f))
+
+
+def test_a_run_written_when_the_reward_default_was_the_equations_resumes_under_auto(tmp_path):
+    """`model.reward` was 'builtin:equations' by default before 'auto' named it: a run's config.yaml of
+    then resumes with a --config that leaves the reward out (both name the same reward)."""
+    run = tmp_path / "run"
+    assert main(["train", "--output-dir", str(run), "--iterations", "1", *TINY]) == 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["model"]["reward"] == "auto"
+    mine = {**saved, "iterations": 2, "resume": True}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(mine))
+    saved["model"]["reward"] = "builtin:equations"
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert main(["train", "--config", str(tmp_path / "mine.yaml")]) == 0
+    saved["model"]["reward"] = "m.py:f"  # a different reward is a different run
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert main(["train", "--config", str(tmp_path / "mine.yaml"), "--iterations", "3"]) == 2

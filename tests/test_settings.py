@@ -72,7 +72,7 @@ def test_what_a_resume_may_change_is_declared_on_the_train_config_fields():
     assert set(resumable(TrainConfig)) == {
         "iterations", "resume", "auto_resume", "output_dir", "threads", "log.", "model.device", "model.cpu_lanes",
         "model.compile_kernels", "model.gradient_checkpointing", "rollout.forward_batch_size",
-        "optim.micro_batch_size", "data.eval_prompts", "data.eval_split", "data.builtin_eval_prompts",
+        "optim.micro_batch_size", "data.eval_prompts", "data.eval_split", "data.builtin_eval_prompts", "data.task_eval_size",
         "data.eval_max_prompts"}
 
 

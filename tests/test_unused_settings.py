@@ -158,7 +158,7 @@ def test_a_named_file_is_checked_even_where_the_run_ignores_it(tmp_path, saved_p
         preflight(_cfg(tmp_path, critic__init=str(saved_policy), critic__kind="shared"))
     one_file = _jsonl(tmp_path / "p.jsonl", [{"prompt": "Solve x=1\n"}] * 4)
     with pytest.raises(ConfigError, match=r"`data.split`='validation' is unused: `data.prompts` '.*p.jsonl' is one file"):
-        preflight(_cfg(tmp_path, data__prompts=one_file, data__split="validation"))
+        preflight(_cfg(tmp_path, data__prompts=one_file, data__split="validation", model__reward="builtin:equations"))
     with pytest.raises(ConfigError, match=r"`data.eval_split`='train' is unused: .* is one file"):
         preflight(_cfg(tmp_path, data__eval_prompts=one_file, data__eval_split="train"))
 
@@ -182,7 +182,7 @@ def test_shared_settings_only_warn_and_the_run_goes_on(tmp_path, no_model_loads)
     one warning each, no error."""
     prompts = _jsonl(tmp_path / "p.jsonl", [{"prompt": "Solve x=1\n"}] * 4)
     cfg = tiny_config(tmp_path / "run", data__prompts=prompts, algo__estimator="rloo", rollout__samples_per_prompt=2,
-                      critic__lr=1e-3)
+                      critic__lr=1e-3, model__reward="builtin:equations")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         preflight(cfg)

@@ -98,22 +98,22 @@ def test_cli_bad_value_exits_with_message(tmp_path, capsys):
 
 def test_missing_prompt_file_and_column(tmp_path):
     with pytest.raises(ConfigError, match="nope.jsonl"):
-        PPOTrainer(tiny_config(tmp_path, data__prompts=str(tmp_path / "nope.jsonl")))
+        PPOTrainer(tiny_config(tmp_path, data__prompts=str(tmp_path / "nope.jsonl")), verifier=count_sevens)
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"question": "Solve x+1=2\n"}) + "\n")
     with pytest.raises(ConfigError, match="prompt"):
-        PPOTrainer(tiny_config(tmp_path, data__prompts=str(f)))
+        PPOTrainer(tiny_config(tmp_path, data__prompts=str(f)), verifier=count_sevens)
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
     with pytest.raises(ConfigError, match="empty"):
-        PPOTrainer(tiny_config(tmp_path, data__prompts=str(empty)))
+        PPOTrainer(tiny_config(tmp_path, data__prompts=str(empty)), verifier=count_sevens)
 
 
 def test_prompt_longer_than_context(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "Solve " + "1" * 300 + "x=2\n"}) + "\n")
     with pytest.raises(ConfigError, match="tokens"):
-        PPOTrainer(tiny_config(tmp_path, data__prompts=str(f)))
+        PPOTrainer(tiny_config(tmp_path, data__prompts=str(f)), verifier=count_sevens)
 
 
 def test_jsonl_prompts_extra_columns_reach_verifier(tmp_path):
@@ -296,7 +296,7 @@ def test_prompt_rows_must_share_their_columns(tmp_path):
     del rows[5]["answer"]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(ConfigError, match=r"row 5 has columns \['prompt'\] but row 0 has \['answer', 'prompt'\]"):
-        PPOTrainer(tiny_config(tmp_path, data__prompts=str(f)))
+        PPOTrainer(tiny_config(tmp_path, data__prompts=str(f)), verifier=count_sevens)
 
 
 @pytest.mark.parametrize("overrides,field", [

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..config.train import TrainConfig
 from ..runtime.errors import ArgumentParser
+from ..tasks import reasoning_gym
 from .compare_plan import (
     LAYOUTS,
     CompareError,
@@ -60,7 +61,9 @@ class CompareConfig:
     """The start of every run (anything `model.policy` takes); None = the demo's SFT policy on the
     built-in task, built under OUTPUT_DIR/sft."""
     prompts: str | None = None
-    """Training prompts of your own task (`data.prompts`); None = the built-in task (or the file's)."""
+    """Training prompts of your own task (`data.prompts`): a file, or 'reasoning-gym:TASK' (scored by the
+    task's own scorer, held out from another seed unless --eval-prompts says otherwise); None = the
+    built-in task (or the file's)."""
     reward: str | None = None
     """The reward of your own task (`model.reward`); none with an environment, whose turn rewards are the
     reward."""
@@ -191,10 +194,12 @@ def _check_task(cfg: CompareConfig) -> None:
     if not cfg.own_task:
         return
     fm, fd = cfg.file_settings.get("model") or {}, cfg.file_settings.get("data") or {}
+    task = reasoning_gym.task_of(cfg.prompts or fd.get("prompts"))  # its own scorer and held-out problems
     needs = [("--policy", cfg.policy or fm.get("policy"), "the model to start every run from"),
              # an environment is its own reward
-             ("--reward", cfg.reward or fm.get("reward") or env, "its verifier, e.g. rewards.py:correct"),
-             ("--eval-prompts", cfg.eval_prompts or fd.get("eval_prompts"), "held-out prompts to measure every run on")]
+             ("--reward", cfg.reward or fm.get("reward") or env or task, "its verifier, e.g. rewards.py:correct"),
+             ("--eval-prompts", cfg.eval_prompts or fd.get("eval_prompts") or task,
+              "held-out prompts to measure every run on")]
     for flag, value, fix in needs:
         if not value:
             raise CompareError(f"--prompts: a task of your own needs {flag} ({fix}), or the --config file's setting")
@@ -258,10 +263,6 @@ def run_config(cfg: CompareConfig, estimator: str, seed: int) -> TrainConfig:
                        file_settings=cfg.file_settings, per_estimator=cfg.per_estimator)
     if cfg.smoke:  # over the --config file's sizes too: a wiring check of a real model's settings stays short
         run.rollout.max_new_tokens, run.optim.epochs, run.optim.num_minibatches = 4, 1, 1
-        if run.data.prompts == "builtin:equations":  # the built-in task's sizes: prompts of your own have theirs
-            run.data.builtin_num_prompts = 32
-        if run.data.eval_prompts == "builtin:equations":
-            run.data.builtin_eval_prompts = 8
         run.data.eval_max_prompts, run.log.eval_every = SMOKE_EVAL_PROMPTS, 1
     run.algo.estimator = estimator_of(estimator, cfg.per_estimator)  # type: ignore[assignment]  # checked
     run.seed = seed
@@ -275,9 +276,26 @@ def run_config(cfg: CompareConfig, estimator: str, seed: int) -> TrainConfig:
                                  (cfg.eval_prompts, run.data, "eval_prompts"), (cfg.env, run.rollout, "env")):
         if value is not None:
             setattr(section, name, value)
+    if run.data.eval_prompts is None and reasoning_gym.task_of(run.data.prompts) is not None:
+        run.data.eval_prompts = run.data.prompts  # the task's held-out problems, from a seed of their own
+    if cfg.smoke:
+        _smoke_sizes(run.data)
     if run.data.eval_prompts is None and not cfg.own_task:
         run.data.eval_prompts = str(out / "heldout.jsonl")
     return run
+
+
+def _smoke_sizes(data) -> None:
+    """The generated prompts' sizes of a wiring check: the built-in task's, a reasoning-gym task's
+    (prompts of your own have theirs)."""
+    if data.prompts == "builtin:equations":
+        data.builtin_num_prompts = 32
+    if data.eval_prompts == "builtin:equations":
+        data.builtin_eval_prompts = SMOKE_EVAL_PROMPTS
+    if reasoning_gym.task_of(data.prompts) is not None:
+        data.task_size = 32
+    if reasoning_gym.task_of(data.eval_prompts) is not None:
+        data.task_eval_size = SMOKE_EVAL_PROMPTS
 
 
 def _eval_source(cfg: CompareConfig, run: TrainConfig) -> str:

@@ -133,7 +133,7 @@ def models_held(run: TrainConfig, critic: str | None = None) -> list[str]:
     held = ["policy"] if getattr(run.model, "lora_r", 0) else ["policy", "reference"]
     if get_advantage_estimator(run.algo.estimator).needs_critic:
         held.append(_critic_held(run if critic is None else dataclasses.replace(run, critic=dataclasses.replace(run.critic, kind=critic))))
-    held += ["reward model" for spec, _ in reward_specs(run.model) if is_model_path(spec)]
+    held += ["reward model" for spec, _ in reward_specs(run) if is_model_path(spec)]
     return held
 
 

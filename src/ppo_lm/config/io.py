@@ -30,6 +30,8 @@ def _kind(tp: Any) -> str:
     if get_origin(tp) is Literal:
         return " or ".join(repr(v) for v in get_args(tp))
     names = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
+    if get_origin(tp) is dict:
+        return "a mapping"
     return names.get(tp, "a list" if get_origin(tp) in (list, tuple) else getattr(tp, "__name__", str(tp)))
 
 
@@ -80,6 +82,11 @@ def _check_value(name: str, tp: Any, value: Any) -> Any:
             return tuple(_check_value(f"{name}[{i}]", t, v) for i, (t, v) in enumerate(zip(inner, value)))
         item = inner[0] if inner else Any
         return origin(_check_value(f"{name}[{i}]", item, v) for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"`{name}` must be a mapping (e.g. {{key: value}}), got {value!r}")
+        key_type, value_type = get_args(tp) or (str, Any)
+        return {_check_value(name, key_type, k): _check_value(f"{name}.{k}", value_type, v) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, prefix=name)
     return value

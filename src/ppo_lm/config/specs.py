@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..runtime.errors import ConfigError
-from .train import ModelConfig
+from ..tasks import reasoning_gym
+from .train import TrainConfig
+
+BUILTIN_REWARD = "builtin:equations"
 
 
 def is_model_path(spec: str) -> bool:
@@ -14,12 +17,32 @@ def is_model_path(spec: str) -> bool:
     )
 
 
-def reward_specs(cfg: ModelConfig) -> list[tuple[str, float]]:
-    """``model.reward`` split at commas, each with its weight (``model.reward_weights``, default 1)."""
-    specs = [s.strip() for s in cfg.reward.split(",")]
+def reward_spec(cfg: TrainConfig) -> str:
+    """``model.reward`` with ``auto`` resolved: the task's own verifier — the equation verifier for the
+    built-in prompts, the task's scorer (``reasoning-gym``) for a reasoning-gym task's — or a
+    :class:`ConfigError` for prompts of your own, whose reward only you can name."""
+    if cfg.model.reward != "auto":
+        return cfg.model.reward
+    if cfg.data.prompts == "builtin:equations":
+        return BUILTIN_REWARD
+    if reasoning_gym.task_of(cfg.data.prompts) is not None:
+        return reasoning_gym.REWARD
+    raise ConfigError(f"`model.reward` is 'auto', which names a reward for the built-in prompts and reasoning-gym tasks "
+                      f"only; `data.prompts` is {cfg.data.prompts!r}: name its reward (a verifier 'file.py:function' or "
+                      "'module:function', or a reward model's directory)")
+
+
+def reward_specs(cfg: TrainConfig) -> list[tuple[str, float]]:
+    """``model.reward`` (``auto`` resolved: :func:`reward_spec`) split at commas, each with its weight
+    (``model.reward_weights``, default 1); none for an ``auto`` reward beside an environment, whose turn
+    rewards replace it."""
+    if cfg.model.reward == "auto" and cfg.rollout.env is not None:
+        return []
+    reward = reward_spec(cfg)
+    specs = [s.strip() for s in reward.split(",")]
     if not all(specs):
-        raise ConfigError(f"`model.reward`={cfg.reward!r} has an empty entry; separate rewards by single commas")
-    weights = list(cfg.reward_weights) or [1.0] * len(specs)
+        raise ConfigError(f"`model.reward`={reward!r} has an empty entry; separate rewards by single commas")
+    weights = list(cfg.model.reward_weights) or [1.0] * len(specs)
     if len(weights) != len(specs):
         raise ConfigError(f"`model.reward_weights` has {len(weights)} weights for {len(specs)} rewards "
                           f"({', '.join(specs)}); give one per reward, in order")

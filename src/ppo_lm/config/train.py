@@ -30,8 +30,11 @@ class ModelConfig:
     """Tokenizer path; defaults to the policy path (or the built-in character tokenizer)."""
     pad_token: str | None = None
     """Set the tokenizer's pad token to this existing token when it has none (or pad == eos)."""
-    reward: str = "builtin:equations"
-    """The reward: 'builtin:equations' (the equation verifier), 'module:function' or
+    reward: str = "auto"
+    """The reward: 'auto' (the task's own verifier: 'builtin:equations' with the built-in prompts,
+    'reasoning-gym' with a reasoning-gym task's; prompts of your own name theirs), 'builtin:equations'
+    (the equation verifier), 'reasoning-gym' (a reasoning-gym task's score_answer, docs/environments.md),
+    'module:function' or
     'path/to/file.py:function' (a Python verifier `f(prompts, responses, **columns) -> scores`), or a
     path to a one-label AutoModelForSequenceClassification (e.g. the output of `ppo-lm rm`). Several,
     separated by commas: the score is their weighted sum, and each is logged as score/<name>."""
@@ -104,8 +107,10 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     prompts: str = "builtin:equations"
-    """'builtin:equations', or a local file or directory `datasets` reads (JSON/JSONL, CSV, Parquet, Arrow,
-    a save_to_disk directory, a directory of per-split files) with a prompt column."""
+    """'builtin:equations', 'reasoning-gym:TASK' (a reasoning-gym task's problems, generated from `seed`:
+    docs/environments.md, "reasoning-gym tasks"), or a local file or directory `datasets` reads
+    (JSON/JSONL, CSV, Parquet, Arrow, a save_to_disk directory, a directory of per-split files) with a
+    prompt column."""
     split: str = "train"
     """The split to read where the data has several (a `datasets` DatasetDict saved with save_to_disk, or
     a directory of files per split such as train.jsonl / test.jsonl)."""
@@ -120,12 +125,26 @@ class DataConfig:
     """Size of the built-in training prompt set."""
     eval_prompts: str | None = setting(None, resume=True)
     """Held-out prompts evaluated during training (see `log.eval_every`): 'builtin:equations' (the
-    built-in task's held-out split) or a file like `data.prompts`, with the same columns; None = no
-    evaluation."""
+    built-in task's held-out split), 'reasoning-gym:TASK' (its problems from another seed than the
+    training ones, none of them among those) or a file like `data.prompts`, with the same columns; None =
+    no evaluation."""
     eval_split: str = setting("test", resume=True)
     """The split of `data.eval_prompts` to read where it has several (as `data.split`)."""
     builtin_eval_prompts: int = setting(200, ge=1, resume=True)
     """Size of the built-in held-out prompt set (distinct prompts)."""
+    task_config: dict[str, int | float | bool | str] = field(default_factory=dict)
+    """A reasoning-gym task's settings (`data.prompts`/`data.eval_prompts` 'reasoning-gym:TASK'): fields of
+    its config class, e.g. {min_terms: 2, max_terms: 2} (flags: `--data.task-config min_terms 2 max_terms
+    2`); empty = the task's defaults."""
+    task_size: int = setting(2000, ge=1)
+    """Problems of a reasoning-gym task generated for training (the generator's seeded order from `seed`;
+    repeats and held-out questions dropped)."""
+    task_eval_size: int = setting(200, ge=1, resume=True)
+    """Problems of a reasoning-gym task generated for `data.eval_prompts` (from a seed of their own)."""
+    task_answer: str = "auto"
+    """How the reward 'reasoning-gym' takes a response's answer for the task's scorer: 'auto' (the last
+    <answer>…</answer>, the format reasoning-gym's own prompts ask for; else the last number; else the
+    whole text), 'tag:NAME' (the last <NAME>…</NAME>), 'last-number', 'text' (the whole response)."""
     eval_max_prompts: int = setting(0, ge=0, resume=True)
     """Evaluate only the first this many prompts of `data.eval_prompts` (its file order); 0 = all. An
     evaluation generates one response per prompt, so a large held-out file costs time at each one."""

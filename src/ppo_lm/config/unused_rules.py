@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..algorithms import get_advantage_estimator
 from ..algorithms.off_policy import resolve_correction
+from ..tasks import reasoning_gym
 from . import critics
 from .specs import is_model_path, reward_specs
 from .train import TrainConfig
@@ -115,7 +116,7 @@ def _critic_init_unused(c: TrainConfig, f: Facts) -> str | None:
         return why
     if c.critic.init == "reward" and c.rollout.env is not None:
         return "needs a reward model, but `rollout.env`'s turn rewards replace `model.reward`: none is loaded"
-    if c.critic.init == "reward" and not any(is_model_path(s) for s, _ in reward_specs(c.model)):
+    if c.critic.init == "reward" and not any(is_model_path(s) for s, _ in reward_specs(c)):
         return "needs a reward model, but `model.reward` names verifiers only"
     return None
 
@@ -217,6 +218,33 @@ def _not_builtin(setting: str, value: Callable[[TrainConfig], str | None], built
         if v is None or v == builtin:
             return None  # None: no held-out prompts, which _no_eval says
         return f"is unused: `{setting}` is {v!r}, not {what}"
+
+    return why
+
+
+def _no_task(c: TrainConfig, f: Facts) -> str | None:
+    """The settings of a reasoning-gym task's generator, with no such task among the prompts."""
+    if any(reasoning_gym.task_of(p) is not None for p in (c.data.prompts, c.data.eval_prompts)):
+        return None
+    return "is unused: neither `data.prompts` nor `data.eval_prompts` names a reasoning-gym task ('reasoning-gym:TASK')"
+
+
+def _no_task_reward(c: TrainConfig, f: Facts) -> str | None:
+    """How a response's answer is taken, with no reasoning-gym scorer to hand it to."""
+    named = [s for s in (c.model.reward, c.model.gold_reward) if s is not None]
+    if reasoning_gym.task_of(c.data.prompts) is not None and "auto" in named:
+        return None
+    if any(reasoning_gym.REWARD in [p.strip() for p in s.split(",")] for s in named):
+        return None
+    return "is unused: no reward is a reasoning-gym task's scorer ('reasoning-gym')"
+
+
+def _not_task(setting: str, value: Callable[[TrainConfig], str | None]) -> Why:
+    def why(c: TrainConfig, f: Facts) -> str | None:
+        v = value(c)
+        if v is None or reasoning_gym.task_of(v) is not None:
+            return None  # None: no held-out prompts, which _no_eval says
+        return f"is unused: `{setting}` is {v!r}, not a reasoning-gym task ('reasoning-gym:TASK')"
 
     return why
 
@@ -350,7 +378,7 @@ RULES: tuple[Rule, ...] = (
          "set `rollout.env`, or leave it out", after_files=True),
     # Held-out evaluation.
     Rule(("log.eval_every", "log.eval_samples", "log.eval_pass_score", "data.eval_split", "data.builtin_eval_prompts",
-          "data.eval_max_prompts"), _no_eval, "set `data.eval_prompts`, or leave it out", after_files=True),
+          "data.eval_max_prompts", "data.task_eval_size"), _no_eval, "set `data.eval_prompts`, or leave it out", after_files=True),
     Rule(("log.eval_pass_score",), _greedy_eval, "leave it out, or set `log.eval_samples` > 1"),
     Rule(("data.builtin_eval_prompts",), _not_builtin("data.eval_prompts", lambda c: c.data.eval_prompts, BUILTIN,
                                                      "the built-in task's prompts"), LEAVE,
@@ -358,6 +386,10 @@ RULES: tuple[Rule, ...] = (
     Rule(("data.eval_split",), _splitless("data.eval_prompts", lambda c: c.data.eval_prompts), LEAVE,
          after_files=True),
     # The prompts and the policy.
+    Rule(("data.task_config",), _no_task, "set `data.prompts` to 'reasoning-gym:TASK', or leave it out"),
+    Rule(("data.task_size",), _not_task("data.prompts", lambda c: c.data.prompts), LEAVE),
+    Rule(("data.task_eval_size",), _not_task("data.eval_prompts", lambda c: c.data.eval_prompts), LEAVE),
+    Rule(("data.task_answer",), _no_task_reward, "leave it out, or score with 'reasoning-gym'", after_files=True),
     Rule(("data.builtin_num_prompts",), _not_builtin("data.prompts", lambda c: c.data.prompts, BUILTIN,
                                                     "the built-in task's prompts"), LEAVE,
          after_files=True, shared_by="tests/trainer_helpers.py's tiny_config sizes the built-in task for every test"),

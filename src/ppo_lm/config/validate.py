@@ -11,6 +11,7 @@ from ..algorithms import get_advantage_estimator
 from ..algorithms.off_policy import OFF_POLICY_CORRECTIONS
 from ..runtime.errors import ConfigError
 from ..runtime.settings import check_ranges
+from ..tasks import reasoning_gym
 from .critics import settings_kind
 from .io import check_types
 from .train import AlgoConfig, TrainConfig
@@ -127,6 +128,10 @@ def validate_config(cfg: TrainConfig, world_size: int = 1, *, keep: Mapping[str,
     _check_adaptive_kl(cfg)
     _check_lora(cfg)
     _check_builtin(cfg)
+    try:
+        reasoning_gym.check_answer_mode(cfg.data.task_answer)
+    except reasoning_gym.TaskError as e:
+        raise ConfigError(str(e)) from None
     _check_estimator(cfg)
     _check_batch_division(cfg, world_size)
     _check_async(cfg)

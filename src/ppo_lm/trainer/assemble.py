@@ -139,7 +139,7 @@ def build_models(cfg: TrainConfig, pre: Preflight, device: torch.device, *, poli
     policy_module = roles.build_policy_module(cfg, lm, with_value_head=kind.values_from == "policy").to(device)
     terms = ([] if cfg.rollout.env is not None  # the environment's turn rewards replace model.reward
              else roles.given_reward_terms(verifier, cfg.model) if verifier is not None
-             else roles.reward_terms(cfg.model, pre.verifiers, cfg.model.dtype))
+             else roles.reward_terms(cfg, pre.verifiers, cfg.model.dtype))
     for term in terms:
         if term.model is not None:
             term.model.to(device)

@@ -11,6 +11,7 @@ from ..config.sizing import Resolved
 from ..config.train import TrainConfig
 from ..records.console import parameters
 from ..rollout.sources.source import TrajectorySource
+from ..tasks import reasoning_gym
 from .assemble import Models, Sampler, Training
 
 
@@ -47,6 +48,18 @@ def _correction(a) -> str:
     return f"{a.off_policy_correction} ({', '.join(more)})"
 
 
+def _task_line(cfg: TrainConfig, prompts) -> str | None:
+    """A reasoning-gym task's line: its settings, and how many problems each split holds."""
+    task = reasoning_gym.task_of(cfg.data.prompts)
+    if task is None:
+        return None
+    settings = " ".join(f"{k}={v}" for k, v in cfg.data.task_config.items()) or "its defaults"
+    held = (f", {len(prompts.eval_rows)} held out (another seed; none of them trained on)"
+            if prompts.eval_rows is not None and cfg.data.eval_prompts == cfg.data.prompts else "")
+    return (f"  prompts   reasoning-gym {task} ({settings}): {len(prompts.rows)} problems (seed {cfg.seed}){held}; "
+            f"answers taken by `data.task_answer` {cfg.data.task_answer}")
+
+
 def banner(run: Run) -> str:
     """The run in a few lines: version, output, device and dtype, each model's size, the settings
     resolved for that size, the estimator and the per-iteration budget."""
@@ -77,6 +90,8 @@ def banner(run: Run) -> str:
         lines.append(f"  env       {cfg.rollout.env}: ≤ {e.max_turns} turns, ≤ {e.max_episode_tokens} tokens per episode "
                      f"(its turn rewards are the reward); {envs.size} worker process"
                      f"{'es' if envs.size > 1 else ''}, each call ≤ {envs.timeout_s:g} s")
+    if (line := _task_line(cfg, run.sampler.prompts)) is not None:
+        lines.append(line)
     for term in run.models.rewards:
         weight = f" × {term.weight:g}" if len(run.models.rewards) > 1 else ""
         what = f"model: {parameters(term.model)}" if term.model is not None else "verifier"

@@ -13,6 +13,7 @@ from torch import nn
 from ..config.train import DataConfig, TrainConfig
 from ..data import prompts
 from ..runtime.errors import ConfigError
+from ..tasks import reasoning_gym
 from . import seeds
 from .roles import ensure_pad_token, generation_stop_ids, single_token_id
 
@@ -26,7 +27,12 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False, env:
     """The training prompts of ``cfg`` (``held_out``: its evaluation prompts), read and checked by their
     columns (no tokenizer needed; ``env``: rows for an environment's reset, any columns)."""
     source, field = (cfg.eval_prompts, "data.eval_prompts") if held_out else (cfg.prompts, "data.prompts")
-    if source == "builtin:equations":
+    if reasoning_gym.task_of(source) is not None:
+        try:
+            rows = _task_rows(cfg, seed, held_out=held_out)
+        except reasoning_gym.TaskError as e:
+            raise ConfigError(str(e)) from None
+    elif source == "builtin:equations":
         from ..tasks.equations import make_prompts
 
         if cfg.prompt_column != "prompt":
@@ -47,6 +53,23 @@ def read_prompt_rows(cfg: DataConfig, *, seed: int, held_out: bool = False, env:
         rows = rows[:cfg.eval_max_prompts]
     prompts.check_prompt_rows(rows, None if env else cfg.prompt_column, source=f"`{field}`")
     return rows
+
+
+def _task_rows(cfg: DataConfig, seed: int, *, held_out: bool) -> list[dict]:
+    """A reasoning-gym task's problems: held out from their own seed, or for training from the run's,
+    leaving out every question of the held-out set where it is the same task (tasks/reasoning_gym.py)."""
+    if cfg.prompt_column != "prompt":
+        raise ConfigError(f"`data.prompt_column`={cfg.prompt_column!r}: a reasoning-gym task's prompts are in "
+                          "'prompt' (leave `data.prompt_column` out)")
+    chat = cfg.chat_template != "none"
+    if held_out:
+        return reasoning_gym.make_rows(reasoning_gym.task_of(cfg.eval_prompts), cfg.task_config, cfg.task_eval_size,
+                                       seeds.task_held_out_seed(seed), chat=chat, field="data.eval_prompts")
+    exclude = ()
+    if cfg.eval_prompts == cfg.prompts:
+        exclude = {r["prompt"][0]["content"] if chat else r["prompt"] for r in _task_rows(cfg, seed, held_out=True)}
+    return reasoning_gym.make_rows(reasoning_gym.task_of(cfg.prompts), cfg.task_config, cfg.task_size, seed, chat=chat,
+                                   exclude=exclude)
 
 
 class PromptSet(NamedTuple):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.io import flatten, from_dict, load_saved_config, resume_differences, to_dict
-from ..config.specs import is_model_path, reward_specs
+from ..config.specs import is_model_path, reward_spec, reward_specs
 from ..config.train import AlgoConfig, TrainConfig
 from ..config.unused import Facts, check_unused
 from ..config.validate import effective_algo, validate_config
@@ -76,7 +76,7 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     tokenizer_dir = m.tokenizer or m.policy
     if not tokenizer_given and tokenizer_dir != "builtin":
         check_tokenizer_dir(tokenizer_dir, "model.tokenizer" if m.tokenizer else "model.policy")
-    specs = [] if verifier_given else reward_specs(m)  # given verifiers replace model.reward
+    specs = [] if verifier_given else reward_specs(cfg)  # given verifiers replace model.reward
     for spec, _ in specs:
         if is_model_path(spec):
             _check_one_label(check_model_dir(spec, "model.reward", "sequence-classification"), spec)
@@ -92,8 +92,8 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
         except EnvError as e:
             raise ConfigError(str(e)) from None
     # imported even with an environment, which ignores them: a broken reward is named
-    verifiers = {spec: roles.load_reward_verifier(spec) for spec, _ in specs if not is_model_path(spec)}
-    gold = roles.build_gold_verifier(m)
+    verifiers = {spec: roles.load_reward_verifier(spec, cfg) for spec, _ in specs if not is_model_path(spec)}
+    gold = roles.build_gold_verifier(cfg)
     rows = None if prompt_rows_given else inputs.read_prompt_rows(cfg.data, seed=cfg.seed,
                                                                     env=cfg.rollout.env is not None)
     eval_rows = None
@@ -208,6 +208,19 @@ def _check_some_checkpoint_is_whole(out: Path) -> None:
         raise DamagedCheckpointError("no intact checkpoint to resume from: " + "; ".join(problems))
 
 
+def _reward_as_here(cfg: TrainConfig, saved: dict) -> dict:
+    """``saved`` with its ``model.reward`` written as here where both name the same reward, one as
+    ``auto`` (a run written when the default was 'builtin:equations' resumes with today's 'auto')."""
+    then = (saved.get("model") or {}).get("reward")
+    if then is None or then == cfg.model.reward:
+        return saved
+    try:
+        same = reward_spec(cfg) == reward_spec(from_dict(TrainConfig, saved))
+    except ConfigError:
+        return saved
+    return {**saved, "model": {**saved["model"], "reward": cfg.model.reward}} if same else saved
+
+
 def check_resume_config(cfg: TrainConfig, out: Path) -> None:
     """A resumed run must be the same experiment as the run it continues (its config.yaml): other
     settings would silently make the rest of the run a different one, or fail to load."""
@@ -218,6 +231,7 @@ def check_resume_config(cfg: TrainConfig, out: Path) -> None:
         saved = {**saved, "algo": to_dict(effective_algo(from_dict(AlgoConfig, saved.get("algo") or {})))}
     except ConfigError:
         pass  # an algo field that no longer exists: compare what both have
+    saved = _reward_as_here(cfg, saved)
     diffs = resume_differences(dataclasses.replace(cfg, algo=effective_algo(cfg.algo)), saved)
     if diffs:
         raise ConfigError(

@@ -18,6 +18,7 @@ from ..models.loading import check_tokenizer_dir, load_model
 from ..records import console
 from ..rollout.score.reward import RewardTerm, load_verifier, term_name
 from ..runtime.errors import ConfigError
+from ..tasks import reasoning_gym
 
 if TYPE_CHECKING:  # imported where used: the environment's pool only with `rollout.env`
     pass
@@ -182,12 +183,19 @@ def load_reward_model(path: str, dtype: str) -> nn.Module:
     return rm
 
 
-def load_reward_verifier(spec: str):
-    """The verifier a reward spec names (ConfigError naming `model.reward` when it cannot be loaded)."""
+def load_reward_verifier(spec: str, cfg: TrainConfig, field: str = "model.reward"):
+    """The verifier a reward spec names (ConfigError naming ``field`` when it cannot be loaded): a
+    reasoning-gym task's scorer reads the run's task settings (``data.task_*``)."""
+    if spec == reasoning_gym.REWARD:
+        task = reasoning_gym.task_of(cfg.data.prompts)
+        try:
+            return reasoning_gym.reward(cfg.data.task_answer, task, cfg.data.task_config if task is not None else None)
+        except reasoning_gym.TaskError as e:
+            raise ConfigError(str(e)) from None
     try:
-        return load_verifier(spec)
+        return load_verifier(spec, field)
     except ValueError as e:
-        hint = "" if ":" in spec else ", or a reward-model checkpoint directory (none found there)"
+        hint = "" if ":" in spec or field != "model.reward" else ", or a reward-model checkpoint directory (none found there)"
         raise ConfigError(f"{e}{hint}") from None
 
 
@@ -207,7 +215,7 @@ def _unique(names: list[str]) -> list[str]:
     return [n if names.count(n) == 1 else f"{n}_{i + 1}" for i, n in enumerate(names)]
 
 
-def reward_terms(cfg: ModelConfig, verifiers: dict[str, object], dtype: str) -> list[RewardTerm]:
+def reward_terms(cfg: TrainConfig, verifiers: dict[str, object], dtype: str) -> list[RewardTerm]:
     """Every reward of ``model.reward`` as a :class:`RewardTerm`: verifiers from ``verifiers`` (loaded
     by the start-up checks), reward models loaded here."""
     specs = reward_specs(cfg)
@@ -220,13 +228,13 @@ def reward_terms(cfg: ModelConfig, verifiers: dict[str, object], dtype: str) -> 
     return terms
 
 
-def build_gold_verifier(cfg: ModelConfig):
-    if cfg.gold_reward is None:
+def build_gold_verifier(cfg: TrainConfig):
+    if cfg.model.gold_reward is None:
         return None
-    try:
-        return load_verifier(cfg.gold_reward, field="model.gold_reward")  # verifiers only: a gold standard
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    if is_model_path(cfg.model.gold_reward):  # verifiers only: a gold standard
+        raise ConfigError(f"`model.gold_reward`={cfg.model.gold_reward!r}: a verifier ('module:function', "
+                          "'path/to/file.py:function', 'builtin:equations' or 'reasoning-gym'), not a reward model")
+    return load_reward_verifier(cfg.model.gold_reward, cfg, field="model.gold_reward")
 
 
 def critic_class(config):

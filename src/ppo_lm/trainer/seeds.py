@@ -113,3 +113,9 @@ def held_out_sampling_seed(seed: int, iteration: int, rank: int) -> int:
 def builtin_held_out_seed(seed: int) -> int:
     """The built-in task's held-out equations (disjoint from the training split by construction)."""
     return seed + 10_000
+
+
+def task_held_out_seed(seed: int) -> int:
+    """A reasoning-gym task's held-out problems: another stream of its generator than the training
+    problems' (which take ``seed``); a question drawn by both is dropped from training."""
+    return _offset(seed + 20_000)

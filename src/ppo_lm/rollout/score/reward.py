@@ -73,8 +73,8 @@ def load_verifier(spec: str, field: str = "model.reward") -> Verifier:
 
         return verify
     if ":" not in spec:
-        raise ValueError(f"`{field}`={spec!r}: expected 'module:function', 'path/to/file.py:function' or "
-                         "'builtin:equations'")
+        raise ValueError(f"`{field}`={spec!r}: expected 'module:function', 'path/to/file.py:function', "
+                         "'builtin:equations' or 'reasoning-gym'")
     fn = load_object(spec, field)
     if not callable(fn):
         raise ValueError(f"`{field}`={spec!r}: {spec.rsplit(':', 1)[1]!r} is a {type(fn).__name__}, not a function")
