@@ -207,7 +207,15 @@ class RolloutConfig:
     env: str | None = None
     """A multi-turn environment, 'path/to/env.py:Class' or 'module:Class' (docs/environments.md): each
     episode is an instance, reset with a prompt row and a seed, stepped with each turn's text; its turn
-    rewards replace `model.reward`. None = single-turn, scored by `model.reward`."""
+    rewards replace `model.reward`. An OpenEnv environment (a subclass of openenv's Environment) runs the
+    same way (docs/environments.md, "OpenEnv environments"). None = single-turn, scored by `model.reward`."""
+    env_action: str | None = None
+    """An OpenEnv environment's Action from the policy's text: the name of the Action's text field that
+    the text fills, or a function 'file.py:parse_action' (text -> Action); None = its only text field."""
+    env_observation: str | None = None
+    """An OpenEnv environment's Observation as the next user turn: the name of its text field, or a
+    function 'file.py:render' (Observation -> str); None = its only text field besides done, reward and
+    metadata."""
     max_turns: int = setting(4, ge=1)
     """With `env`: turns per episode at most; an episode still running after them is truncated: it
     bootstraps from V of its last context, or with `algo.bootstrap_truncated` false its return ends there

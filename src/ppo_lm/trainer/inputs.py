@@ -124,14 +124,15 @@ def episode_setup(cfg: TrainConfig, tokenizer, policy_lm: nn.Module) -> EpisodeS
     the renderer of its answers (the chat template of ``data.chat_template``) and the episodes' limits
     (``max_episode_tokens`` 0 = the policy's context)."""
     from ..rollout.envs.env_pool import EnvPool
-    from ..rollout.envs.environment import Renderer
+    from ..rollout.envs.environment import EnvSpec, Renderer
     from ..rollout.sample.producer import EpisodeSettings
 
     r, d = cfg.rollout, cfg.data
     context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
     settings = EpisodeSettings(r.max_turns, min(r.max_episode_tokens or context, context))
     template = Path(d.chat_template).read_text() if d.chat_template not in ("auto", "none") else None
-    pool = EnvPool(r.env, workers=env_workers(r.env_workers), timeout_s=r.env_timeout_s)
+    pool = EnvPool(EnvSpec(r.env, r.env_action, r.env_observation), workers=env_workers(r.env_workers),
+                   timeout_s=r.env_timeout_s)
     return EpisodeSetup(pool, Renderer(tokenizer, template, chat=d.chat_template != "none"), settings)
 
 

@@ -24,7 +24,7 @@ from ..models.loading import check_model_dir, check_tokenizer_dir
 from ..records.trackers import check_trackers
 from ..rollout.envs import env_worker
 from ..rollout.envs.env_pool import check_env
-from ..rollout.envs.environment import EnvError
+from ..rollout.envs.environment import EnvError, EnvSpec
 from ..runtime import distributed as dist
 from ..runtime.errors import ConfigError
 from ..runtime.files import OutputDirLock, prepare_output_dir
@@ -88,7 +88,8 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
 
     if cfg.rollout.env is not None:  # its turn rewards replace model.reward (docs/environments.md)
         try:  # in a worker, as the run will (its module is never imported here), with its tools' schemas
-            check_env(cfg.rollout.env, cfg.rollout.env_timeout_s)
+            r = cfg.rollout
+            check_env(EnvSpec(r.env, r.env_action, r.env_observation), r.env_timeout_s)
         except EnvError as e:
             raise ConfigError(str(e)) from None
     # imported even with an environment, which ignores them: a broken reward is named

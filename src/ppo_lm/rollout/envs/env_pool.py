@@ -55,7 +55,7 @@ class EnvPool:
     use; :meth:`close` (or the pool's collection, or the interpreter's exit) stops them. One caller at
     a time (a lock keeps it so)."""
 
-    def __init__(self, spec: str, *, workers: int, timeout_s: float):
+    def __init__(self, spec, *, workers: int, timeout_s: float):
         if workers < 1:
             raise ValueError(f"an environment pool needs at least one worker, got {workers}")
         self.spec, self.size, self.timeout_s = spec, workers, timeout_s
@@ -191,7 +191,7 @@ class EnvPool:
         raise EnvError(message)
 
 
-def check_env(spec: str, timeout_s: float) -> None:
+def check_env(spec, timeout_s: float) -> None:
     """Load ``spec`` in one worker, as a run's pool will — the module imported there, never here; the
     class checked, its tools' schemas built — and stop it: a run's start-up check, before any model
     loads. :class:`EnvError` with the line that says what is wrong."""

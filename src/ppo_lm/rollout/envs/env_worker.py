@@ -17,13 +17,13 @@ import sys
 from multiprocessing.connection import Connection
 
 from . import tools
-from .environment import EnvError, call_user, check_reset, check_step, load_env, takes_sample
+from .environment import EnvError, EnvSpec, call_user, check_reset, check_step, load_env, takes_sample
 
 
 class Host:
     """The environment instances of one worker, by episode id."""
 
-    def __init__(self, spec: str):
+    def __init__(self, spec: EnvSpec):
         try:
             self.cls = load_env(spec)
         except ValueError as e:

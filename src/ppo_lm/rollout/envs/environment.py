@@ -32,16 +32,46 @@ class EnvError(UserError, RuntimeError):
     """The environment raised, returned the wrong types or ran past its time limit."""
 
 
-def load_env(spec: str, field_name: str = "rollout.env") -> type:
+@dataclass(frozen=True)
+class EnvSpec:
+    """What a worker loads: ``rollout.env``, and for an OpenEnv environment how its actions and
+    observations map to text (``rollout.env_action``, ``rollout.env_observation``; rollout/envs/openenv.py)."""
+
+    env: str
+    action: str | None = None
+    observation: str | None = None
+
+
+def load_env(spec: EnvSpec | str, field_name: str = "rollout.env") -> type:
     """The environment class of ``'path/to/env.py:Class'`` or ``'module:Class'`` (ValueError naming the
-    field otherwise) — or a built-in one (``builtin:equations_retry``); it must have ``reset`` and ``step``."""
+    field otherwise) — or a built-in one (``builtin:equations_retry``); it must have ``reset`` and ``step``.
+    An OpenEnv environment comes wrapped in ppo-lm's protocol (:func:`~ppo_lm.rollout.envs.openenv.adapt`)."""
+    from . import openenv
+
+    spec = EnvSpec(spec) if isinstance(spec, str) else spec
+    cls = _load_class(spec.env, field_name)
+    if openenv.is_openenv(cls):
+        return openenv.adapt(cls, spec.action, spec.observation)
+    for setting, value in (("rollout.env_action", spec.action), ("rollout.env_observation", spec.observation)):
+        if value is not None:
+            raise ValueError(f"`{setting}`={value!r} maps an OpenEnv environment's text; {cls.__name__} follows "
+                             "ppo-lm's own protocol (its reset and step take and give text): leave it out")
+    return cls
+
+
+def _load_class(spec: str, field_name: str) -> type:
     if spec.startswith("builtin:"):
         from ...tasks.retry import BUILTIN_ENVS
 
         if spec not in BUILTIN_ENVS:
             raise ValueError(f"`{field_name}`={spec!r}: the built-in environments are {', '.join(sorted(BUILTIN_ENVS))}")
         return BUILTIN_ENVS[spec]
-    cls = load_object(spec, field_name, kind="class")
+    try:
+        cls = load_object(spec, field_name, kind="class")
+    except ValueError as e:
+        if "No module named 'openenv'" not in str(e):
+            raise
+        raise ValueError(f"{e}; an OpenEnv environment needs the openenv package: pip install 'ppo-lm[openenv]'") from None
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
     if missing or not isinstance(cls, type):
         raise ValueError(f"`{field_name}`={spec!r}: an environment is a class with reset(row, seed) and step(text) "

@@ -1,0 +1,153 @@
+"""OpenEnv environments behind ppo-lm's protocol (docs/environments.md, "OpenEnv environments"): a
+subclass of OpenEnv's ``Environment`` (PyPI ``openenv``: ``reset(seed=None, episode_id=None, **kw) ->
+Observation``, ``step(action) -> Observation``) named by ``rollout.env`` runs in the environment workers
+like any environment, one instance per episode, through :func:`adapt`.
+
+The mapping, both ways:
+
+- the policy's text → the environment's ``Action``: the Action class's one text field (found: its only
+  ``str`` field besides ``metadata``; or named by ``rollout.env_action``), or ``rollout.env_action``'s
+  function ``parse_action(text) -> Action``. A text the Action refuses (pydantic's check, or the
+  function raising ValueError) is not the run's error but the model's: the episode goes on with the
+  refusal as the next user turn and a reward of 0, as a bad tool call does;
+- the ``Observation`` → the next user turn: its one text field besides ``done``, ``reward`` and
+  ``metadata`` (found, or named by ``rollout.env_observation``), or that setting's function
+  ``render(observation) -> str``;
+- ``done`` and ``reward`` from the observation; ``reward=None`` (an observation that carries none, as a
+  reset's does) is 0.
+
+``reset`` receives the group's seed (one task a group, as for every environment) and, by name, the
+columns of the prompt row its signature asks for. The Action and Observation classes are the
+environment's generic parameters (``Environment[MyAction, MyObservation, State]``), else the
+annotations of its ``step``; where neither names them the fields are found from the first observation.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+
+from ...runtime.user_code import load_object, one_line
+
+BASE = ("openenv.core.env_server.interfaces", "Environment")
+SKIP_OBSERVATION = ("done", "reward", "metadata")
+
+
+def is_openenv(cls: type) -> bool:
+    """Whether ``cls`` subclasses OpenEnv's ``Environment`` (told without importing openenv)."""
+    return any((b.__module__, b.__qualname__) == BASE for b in getattr(cls, "__mro__", ()))
+
+
+def _types(cls: type) -> tuple[type | None, type | None]:
+    """(Action class, Observation class) of an OpenEnv environment, or None where it does not say."""
+    for klass in cls.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            origin, args = typing.get_origin(base), typing.get_args(base)
+            if origin is not None and is_openenv(origin) and len(args) >= 2 and all(isinstance(a, type) for a in args[:2]):
+                return args[0], args[1]
+    try:
+        hints = typing.get_type_hints(cls.step)
+    except Exception:  # noqa: BLE001 (an annotation that does not resolve: found from the first observation)
+        hints = {}
+    action = next((h for n, h in hints.items() if n not in ("return", "timeout_s") and isinstance(h, type)), None)
+    observation = hints.get("return")
+    return action, observation if isinstance(observation, type) else None
+
+
+def _text_fields(model: type, skip: tuple[str, ...]) -> list[str]:
+    fields = getattr(model, "model_fields", {})
+    return [n for n, f in fields.items() if n not in skip and f.annotation in (str, str | None)]
+
+
+def _field(model: type, named: str | None, skip: tuple[str, ...], setting: str, what: str) -> str:
+    """The text field of ``model`` that ``named`` names, or its only one; a ValueError naming ``setting``."""
+    fields = _text_fields(model, skip)
+    if named is not None:
+        if named not in getattr(model, "model_fields", {}):
+            raise ValueError(f"`{setting}`={named!r}: {model.__name__} has no field {named!r} (its fields: "
+                             f"{', '.join(n for n in model.model_fields if n not in skip)})")
+        return named
+    if len(fields) == 1:
+        return fields[0]
+    found = f"its text fields are {', '.join(fields)}" if fields else "it has no text field"
+    raise ValueError(f"`{setting}`: {model.__name__} is the environment's {what}, and {found}; name the field "
+                     f"(`--{setting.replace('_', '-')} FIELD`) or give a function 'file.py:name'")
+
+
+def action_maker(action_cls: type | None, setting: str | None) -> Callable[[str], object]:
+    """The policy's text → an Action (module docstring)."""
+    if setting is not None and ":" in setting:
+        return load_object(setting, "rollout.env_action")
+    if action_cls is None:
+        raise ValueError("`rollout.env_action`: the environment's step does not say which Action it takes (neither "
+                         "Environment[Action, Observation, State] nor an annotation); give a function "
+                         "'file.py:parse_action' that makes one from the text")
+    name = _field(action_cls, setting, ("metadata",), "rollout.env_action", "Action")
+    return lambda text: action_cls(**{name: text})
+
+
+def observation_renderer(obs_cls: type | None, setting: str | None) -> Callable[[object], str] | None:
+    """An Observation → the next user turn (module docstring); None: found from the first observation."""
+    if setting is not None and ":" in setting:
+        return load_object(setting, "rollout.env_observation")
+    if obs_cls is None:
+        return None
+    name = _field(obs_cls, setting, SKIP_OBSERVATION, "rollout.env_observation", "Observation")
+    return lambda obs: getattr(obs, name)
+
+
+def _refusal(e: ValueError) -> str:
+    """Why the Action refused the text, in one line: pydantic's field errors (``digit: Input should be a
+    valid integer``), or the function's message."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        try:
+            return "; ".join(f"{'.'.join(map(str, x.get('loc', ()))) or 'action'}: {x.get('msg', '')}" for x in errors())
+        except Exception:  # noqa: BLE001 (another library's error type with an errors attribute)
+            pass
+    return one_line(e)
+
+
+def adapt(cls: type, action: str | None = None, observation: str | None = None) -> type:
+    """A class of ppo-lm's protocol whose instances each hold one instance of the OpenEnv environment
+    ``cls``; ``action``/``observation``: ``rollout.env_action``/``rollout.env_observation``. A ValueError
+    naming the setting where the mapping cannot be found."""
+    action_cls, obs_cls = _types(cls)
+    make_action = action_maker(action_cls, action)
+    render = observation_renderer(obs_cls, observation)
+    params = inspect.signature(cls.reset).parameters
+    columns = [n for n, p in params.items() if n not in ("self", "seed", "episode_id")
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+    class OpenEnvEpisode:
+        environment = cls
+
+        def __init__(self):
+            self.env = cls()
+
+        def _text(self, obs) -> str:
+            nonlocal render
+            if render is None:  # no class named: the observation's own
+                render = observation_renderer(type(obs), observation)
+            text = render(obs)
+            if not isinstance(text, str):
+                raise TypeError(f"the observation gave {type(text).__name__} for the next turn, not text; "
+                                "set `rollout.env_observation`")
+            return text
+
+        def reset(self, row: dict, seed: int) -> str:
+            return self._text(self.env.reset(seed=seed, **{k: row[k] for k in columns if k in row}))
+
+        def step(self, text: str) -> tuple[str | None, float, bool]:
+            try:
+                act = make_action(text)
+            except ValueError as e:  # pydantic's ValidationError is one: the model's mistake, told to it
+                return f"That action could not be read: {_refusal(e)}\n", 0.0, False
+            obs = self.env.step(act)
+            done = bool(obs.done)
+            reward = 0.0 if obs.reward is None else obs.reward
+            return (None if done else self._text(obs)), reward, done
+
+    OpenEnvEpisode.__name__ = OpenEnvEpisode.__qualname__ = f"OpenEnv({cls.__name__})"
+    return OpenEnvEpisode
