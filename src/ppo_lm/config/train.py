@@ -212,6 +212,11 @@ class RolloutConfig:
     env_action: str | None = None
     """An OpenEnv environment's Action from the policy's text: the name of the Action's text field that
     the text fills, or a function 'file.py:parse_action' (text -> Action); None = its only text field."""
+    env_sessions: int = setting(0, ge=0)
+    """With `env`: episodes in play at once, at least `samples_per_prompt` (whole groups): a batch beyond it
+    is played in waves, each sampled as one batch. For an environment whose sessions are limited (an
+    OpenEnv server's `max_concurrent_envs`, which allows 1 unless its server is told otherwise); 0 = the
+    whole batch at once."""
     env_observation: str | None = None
     """An OpenEnv environment's Observation as the next user turn: the name of its text field, or a
     function 'file.py:render' (Observation -> str); None = its only text field besides done, reward and

@@ -375,7 +375,7 @@ RULES: tuple[Rule, ...] = (
                                                 "environment's alone (only single-turn responses are penalised)"),
          "leave it out (0) with an environment"),
     Rule(("rollout.max_turns", "rollout.max_episode_tokens", "rollout.env_timeout_s", "rollout.env_workers",
-          "rollout.env_action", "rollout.env_observation"), _no_env,
+          "rollout.env_action", "rollout.env_observation", "rollout.env_sessions"), _no_env,
          "set `rollout.env`, or leave it out", after_files=True),
     # Held-out evaluation.
     Rule(("log.eval_every", "log.eval_samples", "log.eval_pass_score", "data.eval_split", "data.builtin_eval_prompts",

@@ -135,6 +135,11 @@ def validate_config(cfg: TrainConfig, world_size: int = 1, *, keep: Mapping[str,
     _check_estimator(cfg)
     _check_batch_division(cfg, world_size)
     _check_async(cfg)
+    r = cfg.rollout
+    if r.env_sessions and r.env_sessions < r.samples_per_prompt:
+        raise ConfigError(f"`rollout.env_sessions`={r.env_sessions} is below `rollout.samples_per_prompt` "
+                          f"({r.samples_per_prompt}): a group's episodes play together; allow at least "
+                          f"{r.samples_per_prompt}, or 0 for the whole batch")
     check_unused(cfg, Facts(torchrun=True if world_size > 1 else None), keep)
 
 

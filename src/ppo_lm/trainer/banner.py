@@ -89,7 +89,8 @@ def banner(run: Run) -> str:
         e = run.sampler.producer.episodes
         lines.append(f"  env       {cfg.rollout.env}: ≤ {e.max_turns} turns, ≤ {e.max_episode_tokens} tokens per episode "
                      f"(its turn rewards are the reward); {envs.size} worker process"
-                     f"{'es' if envs.size > 1 else ''}, each call ≤ {envs.timeout_s:g} s")
+                     f"{'es' if envs.size > 1 else ''}, each call ≤ {envs.timeout_s:g} s"
+                     + (f"; {e.max_live} episodes at once" if e.max_live else ""))
     if (line := _task_line(cfg, run.sampler.prompts)) is not None:
         lines.append(line)
     for term in run.models.rewards:

@@ -129,7 +129,7 @@ def episode_setup(cfg: TrainConfig, tokenizer, policy_lm: nn.Module) -> EpisodeS
 
     r, d = cfg.rollout, cfg.data
     context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
-    settings = EpisodeSettings(r.max_turns, min(r.max_episode_tokens or context, context))
+    settings = EpisodeSettings(r.max_turns, min(r.max_episode_tokens or context, context), r.env_sessions)
     template = Path(d.chat_template).read_text() if d.chat_template not in ("auto", "none") else None
     pool = EnvPool(EnvSpec(r.env, r.env_action, r.env_observation), workers=env_workers(r.env_workers),
                    timeout_s=r.env_timeout_s)

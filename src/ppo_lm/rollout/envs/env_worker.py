@@ -69,7 +69,9 @@ def serve(conn: Connection) -> None:
         kind, args = request[0], request[1:]
         if kind == "drop":
             for eid in args[0]:
-                host.envs.pop(eid, None)
+                env = host.envs.pop(eid, None)
+                with contextlib.suppress(Exception):  # a session's end (an OpenEnv server's slot); best effort
+                    getattr(env, "close", lambda: None)()
             continue
         try:
             if kind == "load":

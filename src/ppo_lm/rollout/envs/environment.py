@@ -49,6 +49,8 @@ def load_env(spec: EnvSpec | str, field_name: str = "rollout.env") -> type:
     from . import openenv
 
     spec = EnvSpec(spec) if isinstance(spec, str) else spec
+    if openenv.is_remote(spec.env):
+        return openenv.remote(spec.env, spec.action, spec.observation)
     cls = _load_class(spec.env, field_name)
     if openenv.is_openenv(cls):
         return openenv.adapt(cls, spec.action, spec.observation)

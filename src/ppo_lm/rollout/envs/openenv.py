@@ -3,6 +3,10 @@ subclass of OpenEnv's ``Environment`` (PyPI ``openenv``: ``reset(seed=None, epis
 Observation``, ``step(action) -> Observation``) named by ``rollout.env`` runs in the environment workers
 like any environment, one instance per episode, through :func:`adapt`.
 
+An OpenEnv server is the same through its own client (``rollout.env: openenv+ws://HOST:PORT``, or
+``openenv+http://``): :func:`remote`, each episode one session of the server, its Action and Observation
+found from the server's ``/schema``.
+
 The mapping, both ways:
 
 - the policy's text → the environment's ``Action``: the Action class's one text field (found: its only
@@ -25,6 +29,7 @@ annotations of its ``step``; where neither names them the fields are found from 
 from __future__ import annotations
 
 import inspect
+import time
 import typing
 from collections.abc import Callable
 
@@ -149,5 +154,141 @@ def adapt(cls: type, action: str | None = None, observation: str | None = None) 
             reward = 0.0 if obs.reward is None else obs.reward
             return (None if done else self._text(obs)), reward, done
 
+        def close(self) -> None:
+            self.env.close()
+
     OpenEnvEpisode.__name__ = OpenEnvEpisode.__qualname__ = f"OpenEnv({cls.__name__})"
     return OpenEnvEpisode
+
+
+SCHEME = "openenv+"
+"""``rollout.env`` naming a running OpenEnv server: ``openenv+ws://127.0.0.1:8000``."""
+RETRIES = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""Seconds between a refused session's tries (a server at its session limit, or not up yet)."""
+
+
+def is_remote(spec: str) -> bool:
+    return spec.startswith(SCHEME)
+
+
+def _http(url: str) -> str:
+    base = url[len(SCHEME):]
+    return "http" + base[2:] if base.startswith("ws") else base
+
+
+def _schema_text_fields(schema: dict, skip: tuple[str, ...]) -> list[str]:
+    props = schema.get("properties", {}) or {}
+    return [n for n, p in props.items() if n not in skip and (p.get("type") == "string" or any(
+        a.get("type") == "string" for a in p.get("anyOf", ()) if isinstance(a, dict)))]
+
+
+def _schema_field(schema: dict, named: str | None, skip: tuple[str, ...], setting: str, what: str) -> str:
+    props = [n for n in (schema.get("properties") or {}) if n not in skip]
+    if named is not None:
+        if named not in props:
+            raise ValueError(f"`{setting}`={named!r}: the server's {what} has no field {named!r} (its fields: "
+                             f"{', '.join(props)})")
+        return named
+    fields = _schema_text_fields(schema, skip)
+    if len(fields) == 1:
+        return fields[0]
+    found = f"its text fields are {', '.join(fields)}" if fields else "it has no text field"
+    raise ValueError(f"`{setting}`: the server's {what} ({schema.get('title', '?')}), {found}; name the field "
+                     f"(`--{setting.replace('_', '-')} FIELD`) or give a function 'file.py:name'")
+
+
+def server_schema(url: str) -> dict:
+    """The server's ``/schema`` (its Action's and Observation's JSON schemas); a ValueError naming
+    ``rollout.env`` where the server cannot be reached."""
+    import requests
+
+    try:
+        reply = requests.get(_http(url).rstrip("/") + "/schema", timeout=10)
+        reply.raise_for_status()
+        return reply.json()
+    except (requests.RequestException, ValueError) as e:
+        raise ValueError(f"`rollout.env`={url!r}: the OpenEnv server does not answer ({type(e).__name__}: "
+                         f"{one_line(e)}); start it, or check the address") from None
+
+
+def remote(url: str, action: str | None = None, observation: str | None = None) -> type:
+    """A class of ppo-lm's protocol whose instances each hold one session of the OpenEnv server at
+    ``url`` (through OpenEnv's own ``GenericEnvClient``); the mapping as for :func:`adapt`, from the
+    server's schemas. A session the server refuses (at its limit) is tried again after each of
+    :data:`RETRIES`, then one line names the limit and ``rollout.env_sessions``."""
+    import importlib.util
+
+    if importlib.util.find_spec("openenv") is None:
+        raise ValueError(f"`rollout.env`={url!r} names an OpenEnv server, whose client is the openenv package: "
+                         "pip install 'ppo-lm[openenv]'")
+    schema = server_schema(url)
+    if action is not None and ":" in action:
+        make_action = load_object(action, "rollout.env_action")
+    else:
+        name = _schema_field(schema.get("action", {}), action, ("metadata",), "rollout.env_action", "Action")
+        make_action = lambda text: {name: text}  # noqa: E731
+    if observation is not None and ":" in observation:
+        render = load_object(observation, "rollout.env_observation")
+    else:
+        obs_name = _schema_field(schema.get("observation", {}), observation, SKIP_OBSERVATION,
+                                 "rollout.env_observation", "Observation")
+        render = lambda obs: obs.get(obs_name)  # noqa: E731
+
+    class OpenEnvSession:
+        server = url
+
+        def __init__(self):
+            from openenv.core.generic_client import GenericEnvClient
+
+            self.client = GenericEnvClient(base_url=_http(url)).sync()
+
+        def _call(self, what: str, fn):
+            from websockets.exceptions import ConnectionClosed
+
+            for pause in (*RETRIES, None):
+                try:
+                    return fn()
+                except RuntimeError as e:
+                    if "CAPACITY_REACHED" not in str(e):
+                        raise RuntimeError(f"the OpenEnv server at {url} answered the {what} with an error: "
+                                           f"{one_line(e)}") from None
+                    if pause is None:
+                        raise RuntimeError(f"set `rollout.env_sessions` to the limit of the OpenEnv server at {url} "
+                                           f"(its max_concurrent_envs): it refused a session {len(RETRIES) + 1} times "
+                                           f"over {sum(RETRIES):g} s ({one_line(e, 120)})") from None
+                except (ConnectionError, OSError, ConnectionClosed) as e:
+                    raise RuntimeError(f"the OpenEnv server at {url} went away during the {what} ({type(e).__name__}: "
+                                       f"{one_line(e)}); the run's checkpoints are intact (resume with --resume once "
+                                       "it is back)") from None
+                time.sleep(pause)
+
+        def _text(self, obs: dict) -> str:
+            text = render(obs)
+            if not isinstance(text, str):
+                raise TypeError(f"the observation gave {type(text).__name__} for the next turn, not text; set "
+                                "`rollout.env_observation`")
+            return text
+
+        def reset(self, row: dict, seed: int) -> str:
+            return self._text(self._call("reset", lambda: self.client.reset(seed=seed)).observation)
+
+        def step(self, text: str) -> tuple[str | None, float, bool]:
+            try:
+                act = make_action(text)
+            except ValueError as e:
+                return f"That action could not be read: {_refusal(e)}\n", 0.0, False
+            try:
+                result = self._call("step", lambda: self.client.step(act))
+            except RuntimeError as e:
+                if "VALIDATION_ERROR" not in str(e):
+                    raise
+                return f"That action could not be read: {one_line(e)}\n", 0.0, False
+            done = bool(result.done)
+            reward = 0.0 if result.reward is None else result.reward
+            return (None if done else self._text(result.observation)), reward, done
+
+        def close(self) -> None:
+            self.client.close()
+
+    OpenEnvSession.__name__ = OpenEnvSession.__qualname__ = "OpenEnvSession"
+    return OpenEnvSession

@@ -30,6 +30,7 @@ UNLIMITED = 1 << 62  # a single-turn episode's token limit: the response limit a
 class EpisodeSettings:
     max_turns: int
     max_episode_tokens: int  # prompt + every turn and observation
+    max_live: int = 0  # episodes in play at once (whole groups); 0 = the whole batch
 
 
 @dataclass
@@ -92,6 +93,17 @@ class Producer:
                   generator: torch.Generator | None) -> list[Trajectory]:
         if seeds is None or len(seeds) != len(rows):
             raise ValueError("an environment's episodes need one seed per row")
+        # an environment that holds few sessions at once (rollout.env_sessions) plays the batch in waves
+        # of whole groups, each wave sampled as one batch
+        rows_at_once = max(self.episodes.max_live // samples, 1) if self.episodes.max_live else len(rows)
+        out = []
+        for first in range(0, len(rows), rows_at_once):
+            part = slice(first, first + rows_at_once)
+            out += self._wave(rows[part], seeds[part], samples, sampling, generator)
+        return out
+
+    def _wave(self, rows: list[dict], seeds: list[int], samples: int, sampling: SamplingParams,
+              generator: torch.Generator | None) -> list[Trajectory]:
         live = self._start(rows, seeds, samples)
         try:
             for turn in range(self.episodes.max_turns):
