@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from ...runtime import child
-from .environment import EnvError
+from .environment import EnvError, EnvSpec
 
 LOAD_TIMEOUT_S = 120.0
 """Seconds a worker may take to start and import the environment's module (a module that imports
@@ -50,12 +50,12 @@ def _stop(workers: list[child.Child]) -> None:
 
 class EnvPool:
     """The instances of one environment class in ``workers`` processes. ``spec``: what
-    :func:`~ppo_lm.rollout.envs.environment.load_env` reads (``'path/env.py:Class'``, ``'module:Class'``,
-    ``'builtin:…'``); ``timeout_s``: each call's limit (constructor, reset, step). Workers start on first
+    :func:`~ppo_lm.rollout.envs.environment.load_env` reads (an :class:`EnvSpec`, or its ``'path/env.py:Class'``,
+    ``'module:Class'``, ``'builtin:…'`` or ``'openenv+ws://…'``); ``timeout_s``: each call's limit (constructor, reset, step). Workers start on first
     use; :meth:`close` (or the pool's collection, or the interpreter's exit) stops them. One caller at
     a time (a lock keeps it so)."""
 
-    def __init__(self, spec, *, workers: int, timeout_s: float):
+    def __init__(self, spec: EnvSpec | str, *, workers: int, timeout_s: float):
         if workers < 1:
             raise ValueError(f"an environment pool needs at least one worker, got {workers}")
         self.spec, self.size, self.timeout_s = spec, workers, timeout_s
@@ -191,7 +191,7 @@ class EnvPool:
         raise EnvError(message)
 
 
-def check_env(spec, timeout_s: float) -> None:
+def check_env(spec: EnvSpec | str, timeout_s: float) -> None:
     """Load ``spec`` in one worker, as a run's pool will — the module imported there, never here; the
     class checked, its tools' schemas built — and stop it: a run's start-up check, before any model
     loads. :class:`EnvError` with the line that says what is wrong."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from ...data.messages import is_conversation
 from ...runtime.errors import UserError
 from ...runtime.user_code import load_object, one_line, reward_number, user_frames
+from . import openenv
 
 SENTINEL = "\u2063ppo-lm-turn\u2063"
 """Assistant content used to find what a chat template writes after an assistant message."""
@@ -46,8 +47,6 @@ def load_env(spec: EnvSpec | str, field_name: str = "rollout.env") -> type:
     """The environment class of ``'path/to/env.py:Class'`` or ``'module:Class'`` (ValueError naming the
     field otherwise) — or a built-in one (``builtin:equations_retry``); it must have ``reset`` and ``step``.
     An OpenEnv environment comes wrapped in ppo-lm's protocol (:func:`~ppo_lm.rollout.envs.openenv.adapt`)."""
-    from . import openenv
-
     spec = EnvSpec(spec) if isinstance(spec, str) else spec
     if openenv.is_remote(spec.env):
         return openenv.remote(spec.env, spec.action, spec.observation)

@@ -65,19 +65,24 @@ def _text_fields(model: type, skip: tuple[str, ...]) -> list[str]:
     return [n for n, f in fields.items() if n not in skip and f.annotation in (str, str | None)]
 
 
-def _field(model: type, named: str | None, skip: tuple[str, ...], setting: str, what: str) -> str:
-    """The text field of ``model`` that ``named`` names, or its only one; a ValueError naming ``setting``."""
-    fields = _text_fields(model, skip)
+def _pick(named: str | None, fields: list[str], text_fields: list[str], setting: str, name: str, role: str) -> str:
+    """The field ``named`` names (it must be one of ``fields``), or the only one of ``text_fields``; a
+    ValueError naming ``setting`` otherwise. ``name``, ``role``: the class and what it is, for the message."""
     if named is not None:
-        if named not in getattr(model, "model_fields", {}):
-            raise ValueError(f"`{setting}`={named!r}: {model.__name__} has no field {named!r} (its fields: "
-                             f"{', '.join(n for n in model.model_fields if n not in skip)})")
+        if named not in fields:
+            raise ValueError(f"`{setting}`={named!r}: {name} has no field {named!r} (its fields: {', '.join(fields)})")
         return named
-    if len(fields) == 1:
-        return fields[0]
-    found = f"its text fields are {', '.join(fields)}" if fields else "it has no text field"
-    raise ValueError(f"`{setting}`: {model.__name__} is the environment's {what}, and {found}; name the field "
+    if len(text_fields) == 1:
+        return text_fields[0]
+    found = f"its text fields are {', '.join(text_fields)}" if text_fields else "it has no text field"
+    raise ValueError(f"`{setting}`: {name} is the {role}, and {found}; name the field "
                      f"(`--{setting.replace('_', '-')} FIELD`) or give a function 'file.py:name'")
+
+
+def _field(model: type, named: str | None, skip: tuple[str, ...], setting: str, what: str) -> str:
+    """The text field of the pydantic ``model`` that ``named`` names, or its only one."""
+    fields = [n for n in getattr(model, "model_fields", {}) if n not in skip]
+    return _pick(named, fields, _text_fields(model, skip), setting, model.__name__, f"environment's {what}")
 
 
 def action_maker(action_cls: type | None, setting: str | None) -> Callable[[str], object]:
@@ -114,6 +119,43 @@ def _refusal(e: ValueError) -> str:
     return one_line(e)
 
 
+class _Refused(ValueError):
+    """The server refused an action (its VALIDATION_ERROR): the model's mistake, told to it."""
+
+
+class _Episode:
+    """What an in-process environment and a server's session share: the policy's text → an Action (a
+    text it refuses told to the model, reward 0), the observation → the next turn (none after done),
+    ``reward=None`` → 0. ``maps``: ``action`` and ``render`` (None: found from the first observation by
+    the ``observation`` setting); ``_act`` steps the environment."""
+
+    maps: dict
+
+    def _text(self, obs) -> str:
+        if self.maps["render"] is None:  # no class named: the observation's own
+            self.maps["render"] = observation_renderer(type(obs), self.maps["observation"])
+        text = self.maps["render"](obs)
+        if not isinstance(text, str):
+            raise TypeError(f"the observation gave {type(text).__name__} for the next turn, not text; set "
+                            "`rollout.env_observation`")
+        return text
+
+    def _act(self, action) -> tuple[object, float | None, bool]:
+        raise NotImplementedError
+
+    def step(self, text: str) -> tuple[str | None, float, bool]:
+        try:
+            action = self.maps["action"](text)
+        except ValueError as e:  # pydantic's ValidationError is one
+            return f"That action could not be read: {_refusal(e)}\n", 0.0, False
+        try:
+            obs, reward, done = self._act(action)
+        except _Refused as e:
+            return f"That action could not be read: {one_line(e)}\n", 0.0, False
+        done = bool(done)
+        return (None if done else self._text(obs)), (0.0 if reward is None else reward), done
+
+
 def adapt(cls: type, action: str | None = None, observation: str | None = None) -> type:
     """A class of ppo-lm's protocol whose instances each hold one instance of the OpenEnv environment
     ``cls``; ``action``/``observation``: ``rollout.env_action``/``rollout.env_observation``. A ValueError
@@ -125,34 +167,19 @@ def adapt(cls: type, action: str | None = None, observation: str | None = None) 
     columns = [n for n, p in params.items() if n not in ("self", "seed", "episode_id")
                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
-    class OpenEnvEpisode:
+    class OpenEnvEpisode(_Episode):
         environment = cls
+        maps = {"action": make_action, "render": render, "observation": observation}
 
         def __init__(self):
             self.env = cls()
 
-        def _text(self, obs) -> str:
-            nonlocal render
-            if render is None:  # no class named: the observation's own
-                render = observation_renderer(type(obs), observation)
-            text = render(obs)
-            if not isinstance(text, str):
-                raise TypeError(f"the observation gave {type(text).__name__} for the next turn, not text; "
-                                "set `rollout.env_observation`")
-            return text
-
         def reset(self, row: dict, seed: int) -> str:
             return self._text(self.env.reset(seed=seed, **{k: row[k] for k in columns if k in row}))
 
-        def step(self, text: str) -> tuple[str | None, float, bool]:
-            try:
-                act = make_action(text)
-            except ValueError as e:  # pydantic's ValidationError is one: the model's mistake, told to it
-                return f"That action could not be read: {_refusal(e)}\n", 0.0, False
-            obs = self.env.step(act)
-            done = bool(obs.done)
-            reward = 0.0 if obs.reward is None else obs.reward
-            return (None if done else self._text(obs)), reward, done
+        def _act(self, action) -> tuple[object, float | None, bool]:
+            obs = self.env.step(action)
+            return obs, obs.reward, obs.done
 
         def close(self) -> None:
             self.env.close()
@@ -183,18 +210,10 @@ def _schema_text_fields(schema: dict, skip: tuple[str, ...]) -> list[str]:
 
 
 def _schema_field(schema: dict, named: str | None, skip: tuple[str, ...], setting: str, what: str) -> str:
-    props = [n for n in (schema.get("properties") or {}) if n not in skip]
-    if named is not None:
-        if named not in props:
-            raise ValueError(f"`{setting}`={named!r}: the server's {what} has no field {named!r} (its fields: "
-                             f"{', '.join(props)})")
-        return named
-    fields = _schema_text_fields(schema, skip)
-    if len(fields) == 1:
-        return fields[0]
-    found = f"its text fields are {', '.join(fields)}" if fields else "it has no text field"
-    raise ValueError(f"`{setting}`: the server's {what} ({schema.get('title', '?')}), {found}; name the field "
-                     f"(`--{setting.replace('_', '-')} FIELD`) or give a function 'file.py:name'")
+    """The text field of a JSON schema (the server's ``/schema``) that ``named`` names, or its only one."""
+    fields = [n for n in (schema.get("properties") or {}) if n not in skip]
+    return _pick(named, fields, _schema_text_fields(schema, skip), setting, schema.get("title", "?"),
+                 f"server's {what}")
 
 
 def server_schema(url: str) -> dict:
@@ -234,8 +253,9 @@ def remote(url: str, action: str | None = None, observation: str | None = None) 
                                  "rollout.env_observation", "Observation")
         render = lambda obs: obs.get(obs_name)  # noqa: E731
 
-    class OpenEnvSession:
+    class OpenEnvSession(_Episode):
         server = url
+        maps = {"action": make_action, "render": render, "observation": observation}
 
         def __init__(self):
             from openenv.core.generic_client import GenericEnvClient
@@ -262,30 +282,17 @@ def remote(url: str, action: str | None = None, observation: str | None = None) 
                                        "it is back)") from None
                 time.sleep(pause)
 
-        def _text(self, obs: dict) -> str:
-            text = render(obs)
-            if not isinstance(text, str):
-                raise TypeError(f"the observation gave {type(text).__name__} for the next turn, not text; set "
-                                "`rollout.env_observation`")
-            return text
-
         def reset(self, row: dict, seed: int) -> str:
             return self._text(self._call("reset", lambda: self.client.reset(seed=seed)).observation)
 
-        def step(self, text: str) -> tuple[str | None, float, bool]:
+        def _act(self, action) -> tuple[object, float | None, bool]:
             try:
-                act = make_action(text)
-            except ValueError as e:
-                return f"That action could not be read: {_refusal(e)}\n", 0.0, False
-            try:
-                result = self._call("step", lambda: self.client.step(act))
+                result = self._call("step", lambda: self.client.step(action))
             except RuntimeError as e:
                 if "VALIDATION_ERROR" not in str(e):
                     raise
-                return f"That action could not be read: {one_line(e)}\n", 0.0, False
-            done = bool(result.done)
-            reward = 0.0 if result.reward is None else result.reward
-            return (None if done else self._text(result.observation)), reward, done
+                raise _Refused(str(e)) from None
+            return result.observation, result.reward, result.done
 
         def close(self) -> None:
             self.client.close()
