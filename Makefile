@@ -15,10 +15,11 @@ $(BIN)/python:
 # Then the experiment trackers of `log.report_to`, for tests/test_trackers.py (about 15 s, 250 MB;
 # each of its tests skips when its tracker is missing), peft for LoRA (tests/test_lora.py) and
 # reasoning-gym, whose tasks a run takes as prompts and reward (tests/test_reasoning_gym.py, examples/reasoning_gym),
-# and openenv, whose environments a run trains on (tests/test_openenv.py).
+# openenv, whose environments a run trains on (tests/test_openenv.py), and the agents' endpoint with the
+# openai client (tests/test_agent_endpoint.py).
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "torch==2.13.0" || $(BIN)/pip install --quiet "torch>=2.4"
-	$(BIN)/pip install --quiet -e ".[dev,trackers,lora,reasoning-gym,openenv]"
+	$(BIN)/pip install --quiet -e ".[dev,trackers,lora,reasoning-gym,openenv,agents]"
 	touch $(STAMP)
 
 setup: $(STAMP)
