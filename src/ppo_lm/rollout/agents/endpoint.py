@@ -114,6 +114,8 @@ class AgentEndpoint:
 
         async def answer(request, kind: str):
             eid = request.path_params["eid"]
+            if eid not in self.episodes:  # refused at once: no generation step need be running
+                return JSONResponse(error_body(_not_running(eid)), status_code=409)
             try:
                 body = await request.json()
             except ValueError:
@@ -206,7 +208,7 @@ class AgentEndpoint:
     def _rows(self, pending: _Pending) -> list[_Row]:
         calls = self.episodes.get(pending.eid)
         if calls is None:
-            raise BadRequest(f"episode {pending.eid} is not running: its calls are no longer recorded", status=409)
+            raise BadRequest(_not_running(pending.eid), status=409)
         request = parse_request(pending.kind, pending.body, temperature=self.sampling.temperature,
                                 top_p=self.sampling.top_p)
         request.model = self.model_name if request.model == "policy" else request.model
@@ -251,3 +253,7 @@ class AgentEndpoint:
             for choice, out in zip(choices, body["choices"]):
                 calls.returned(out["message"], choice.raw)
         pending.answer.set_result((200, body))
+
+
+def _not_running(eid: int) -> str:
+    return f"episode {eid} is not running: its calls are no longer recorded"
