@@ -190,3 +190,19 @@ def test_a_raising_environment_is_the_runs_error_with_its_own_lines():
     episode.reset({}, 1)
     with pytest.raises(EnvError, match="the environment's step raised RuntimeError: the board fell over"):
         call_user(episode.step, "a", what="step")
+
+
+def test_the_echo_example_pays_each_word_said_back():
+    """examples/environments/openenv_echo.py (the measured OpenEnv example): three words from the seed,
+    1 for each said back anywhere in the reply, 0 else, done after the third; the adapter's text view."""
+    echo = load_env(f"{ROOT / 'examples' / 'environments' / 'openenv_echo.py'}:EchoEnv")  # adapted as it loads
+    env = echo()
+    first = env.reset({}, 7)
+    word = first.rsplit(" ", 1)[-1]
+    assert first.startswith("Repeat this word exactly") and word.isalpha()
+    obs, reward, done = env.step(f"Sure: {word.upper()}!")
+    assert reward == 1.0 and not done and obs.startswith("Right. Repeat")
+    second = obs.rsplit(" ", 1)[-1]
+    obs, reward, done = env.step("something else")
+    assert reward == 0.0 and not done and obs.startswith(f"No, the word was {second}.")
+    assert env.step("x")[1:] == (0.0, True) and echo().reset({}, 7) == first

@@ -113,7 +113,7 @@ def test_settings_a_run_ignores_are_refused_from_the_settings_alone(tmp_path, ov
     ({"data__split": "validation"}, "data.split", "'builtin:equations' is the built-in task's prompts, which has no splits"),
     ({"rollout__env": "builtin:equations_retry", "data__prompts": "<FILE>", "data__prompt_column": "question"},
      "data.prompt_column",
-     "an environment's reset receives each row whole"),
+     "an environment's reset (or an agent) receives each row whole"),
     ({"rollout__env": "builtin:equations_retry", "model__reward_weights": [2.0]}, "model.reward_weights",
      "turn rewards replace `model.reward`"),
     ({"rollout__env": "builtin:equations_retry", "model__gold_reward": "builtin:equations"}, "model.gold_reward",

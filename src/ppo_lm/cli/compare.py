@@ -303,7 +303,8 @@ def _eval_source(cfg: CompareConfig, run: TrainConfig) -> str:
     if run.data.eval_prompts != str(Path(cfg.output_dir) / "heldout.jsonl"):
         return f"the prompts of {run.data.eval_prompts}"
     n = sum(1 for _ in open(run.data.eval_prompts))
-    return f"the demo's {n} held-out equations"
+    first = run.data.eval_max_prompts
+    return f"the first {first} of the demo's {n} held-out equations" if 0 < first < n else f"the demo's {n} held-out equations"
 
 
 def _settings(cfg: CompareConfig, runs: dict[str, TrainConfig]) -> dict:
@@ -314,7 +315,7 @@ def _settings(cfg: CompareConfig, runs: dict[str, TrainConfig]) -> dict:
             "max_new_tokens": first.rollout.max_new_tokens,  # "auto": each run resolves it from its policy
             "policy": cfg.policy or ("the demo's SFT policy (sft/)" if not cfg.own_task else first.model.policy),
             "eval_prompts": _eval_source(cfg, first), "threads": first.threads, "cpus": os.cpu_count(),
-            "env": first.rollout.env}
+            "env": first.rollout.env, "eval_samples": first.log.eval_samples}
 
 
 def _prepare_output(cfg: CompareConfig, out: Path) -> None:

@@ -250,7 +250,7 @@ def kind_of(cfg, parameters: int | None = None) -> CriticKind | None:
         return NONE
     name = cfg.critic.kind
     if name == "auto":
-        return resolve_auto(parameters, cfg.rollout.env is not None)
+        return resolve_auto(parameters, cfg.rollout.episodic)
     return CriticKind.REGISTRY[name]
 
 

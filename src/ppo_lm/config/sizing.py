@@ -107,7 +107,7 @@ def resolve_auto(cfg: TrainConfig, parameters: int, context: int | None = None) 
     if a.bootstrap_truncated == "auto":
         resolved["algo.bootstrap_truncated"] = p.bootstrap_truncated
     if cfg.critic.kind == "auto":
-        resolved["critic.kind"] = critics.resolve_auto(parameters, cfg.rollout.env is not None).name
+        resolved["critic.kind"] = critics.resolve_auto(parameters, cfg.rollout.episodic).name
     optim = dataclasses.replace(o, actor_lr=resolved.get("optim.actor_lr", o.actor_lr))
     rollout = dataclasses.replace(r, max_new_tokens=resolved.get("rollout.max_new_tokens", r.max_new_tokens))
     algo = dataclasses.replace(a, bootstrap_truncated=resolved.get("algo.bootstrap_truncated", a.bootstrap_truncated))

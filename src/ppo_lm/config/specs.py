@@ -36,7 +36,7 @@ def reward_specs(cfg: TrainConfig) -> list[tuple[str, float]]:
     """``model.reward`` (``auto`` resolved: :func:`reward_spec`) split at commas, each with its weight
     (``model.reward_weights``, default 1); none for an ``auto`` reward beside an environment, whose turn
     rewards replace it."""
-    if cfg.model.reward == "auto" and cfg.rollout.env is not None:
+    if cfg.model.reward == "auto" and cfg.rollout.episodic:
         return []
     reward = reward_spec(cfg)
     specs = [s.strip() for s in reward.split(",")]

@@ -236,6 +236,19 @@ class RolloutConfig:
     """With `env`: worker processes the environments run in (the episodes of a batch are spread over
     them and step in parallel). auto: the process's share of the host's cores, at most 4; an environment
     that waits on a service gains from more (docs/benchmarks.md)."""
+    agent: str | None = None
+    """An agent written against the OpenAI client, 'path/to/agent.py:run' (docs/agents.md): each episode
+    calls run(client, row) — sync, or async with the async client — with an openai client whose base_url
+    serves the policy on 127.0.0.1, every call recorded token-exact; what it returns is the episode's
+    reward (a number, or one per call), which replaces `model.reward` as an environment's does."""
+    agent_timeout_s: float = setting(300.0, gt=0, finite=True)
+    """With `agent`: seconds an episode's agent may run; one past it is cut (its next call refused, its
+    episode truncated and scored 0)."""
+
+    @property
+    def episodic(self) -> bool:
+        """Episodes whose turn rewards are the reward (`env` or `agent`), not single-turn responses."""
+        return self.env is not None or self.agent is not None
 
 
 @dataclass

@@ -114,7 +114,7 @@ def _kind_ignores(field: str) -> Why:
 def _critic_init_unused(c: TrainConfig, f: Facts) -> str | None:
     if (why := _kind_ignores("critic.init")(c, f)) is not None:
         return why
-    if c.critic.init == "reward" and c.rollout.env is not None:
+    if c.critic.init == "reward" and c.rollout.episodic:
         return "needs a reward model, but `rollout.env`'s turn rewards replace `model.reward`: none is loaded"
     if c.critic.init == "reward" and not any(is_model_path(s) for s, _ in reward_specs(c)):
         return "needs a reward model, but `model.reward` names verifiers only"
@@ -191,7 +191,7 @@ def _correction_of_nothing(c: TrainConfig, f: Facts) -> str | None:
 
 
 def _env(why: str) -> Why:
-    return lambda c, f: why if c.rollout.env is not None else None
+    return lambda c, f: why if c.rollout.episodic else None
 
 
 def _synchronous(c: TrainConfig, f: Facts) -> str | None:
@@ -200,6 +200,14 @@ def _synchronous(c: TrainConfig, f: Facts) -> str | None:
 
 def _no_env(c: TrainConfig, f: Facts) -> str | None:
     return None if c.rollout.env is not None else "is unused: `rollout.env` is not set (single-turn responses)"
+
+
+def _no_agent(c: TrainConfig, f: Facts) -> str | None:
+    return None if c.rollout.agent is not None else "is unused: `rollout.agent` is not set"
+
+
+def _not_episodic(c: TrainConfig, f: Facts) -> str | None:
+    return None if c.rollout.episodic else "is unused: neither `rollout.env` nor `rollout.agent` is set"
 
 
 def _no_eval(c: TrainConfig, f: Facts) -> str | None:
@@ -271,7 +279,7 @@ def _splitless(setting: str, value: Callable[[TrainConfig], str | None]) -> Why:
 
 
 def _plain_text(c: TrainConfig, f: Facts) -> str | None:
-    if c.rollout.env is not None or c.data.chat_template in ("auto", "none") or f.chat_prompts is not False:
+    if c.rollout.episodic or c.data.chat_template in ("auto", "none") or f.chat_prompts is not False:
         return None  # an environment's answers are rendered with it; 'none' only refuses messages
     return "is unused: the prompts are plain text, and a chat template renders chat messages only"
 
@@ -369,14 +377,17 @@ RULES: tuple[Rule, ...] = (
     Rule(("model.gold_reward",), _env("is unused: with `rollout.env` no verifier scores the episodes (training "
                                       "and held-out episodes are scored by the environment's rewards)"),
          "leave it out with an environment", after_files=True),
-    Rule(("data.prompt_column",), _env("is unused: an environment's reset receives each row whole"),
+    Rule(("data.prompt_column",), _env("is unused: an environment's reset (or an agent) receives each row whole"),
          "leave it out; the environment reads the columns it needs", after_files=True),
     Rule(("rollout.missing_eos_penalty",), _env("has no effect with `rollout.env`: an episode's rewards are its "
                                                 "environment's alone (only single-turn responses are penalised)"),
          "leave it out (0) with an environment"),
-    Rule(("rollout.max_turns", "rollout.max_episode_tokens", "rollout.env_timeout_s", "rollout.env_workers",
-          "rollout.env_action", "rollout.env_observation", "rollout.env_sessions"), _no_env,
-         "set `rollout.env`, or leave it out", after_files=True),
+    Rule(("rollout.max_turns", "rollout.env_timeout_s", "rollout.env_workers", "rollout.env_action",
+          "rollout.env_observation", "rollout.env_sessions"), _no_env, "set `rollout.env`, or leave it out",
+         after_files=True),
+    Rule(("rollout.max_episode_tokens",), _not_episodic, "set `rollout.env` or `rollout.agent`, or leave it out",
+         after_files=True),
+    Rule(("rollout.agent_timeout_s",), _no_agent, "set `rollout.agent`, or leave it out"),
     # Held-out evaluation.
     Rule(("log.eval_every", "log.eval_samples", "log.eval_pass_score", "data.eval_split", "data.builtin_eval_prompts",
           "data.eval_max_prompts", "data.task_eval_size"), _no_eval, "set `data.eval_prompts`, or leave it out", after_files=True),

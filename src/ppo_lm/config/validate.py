@@ -136,6 +136,12 @@ def validate_config(cfg: TrainConfig, world_size: int = 1, *, keep: Mapping[str,
     _check_batch_division(cfg, world_size)
     _check_async(cfg)
     r = cfg.rollout
+    if r.agent is not None and r.env is not None:
+        raise ConfigError("`rollout.agent` and `rollout.env` both set: an episode is played by an agent (through the "
+                          "OpenAI client) or by an environment; keep one")
+    if r.agent is not None and r.max_staleness:
+        raise ConfigError(f"`rollout.agent` with `rollout.max_staleness`={r.max_staleness}: an agent's episodes are "
+                          "sampled in the learner's process; set `rollout.max_staleness` 0")
     if r.env_sessions and r.env_sessions < r.samples_per_prompt:
         raise ConfigError(f"`rollout.env_sessions`={r.env_sessions} is below `rollout.samples_per_prompt` "
                           f"({r.samples_per_prompt}): a group's episodes play together; allow at least "

@@ -238,8 +238,10 @@ def summary_markdown(summary: dict) -> str:
     what = "mean return" if env else "accuracy"
     budget_heads = (f" held-out {what} at {_tokens(eq['tokens']['at'])} tokens | at {_seconds(eq['seconds']['at'])} s |"
                     if eq else "")
-    held_out = (f"environment {env}; held-out mean return: greedy episodes" if env else
-                "held-out accuracy: greedy")
+    k = s.get("eval_samples", 1)
+    held_out = (f"environment {env}; held-out mean return: "
+                + ("greedy episodes" if k == 1 else f"{k} sampled episodes a prompt") if env else
+                "held-out accuracy: " + ("greedy" if k == 1 else f"the mean of {k} sampled responses a prompt"))
     lines = [
         f"# ppo-lm compare: {', '.join(summary['estimators'])}",
         "",

@@ -32,6 +32,9 @@ class Trajectory:
         waits for each update before sampling).
     seed: its group's seed (an environment's reset receives it); None without an environment.
     row: the prompt row it answers (its prompt text and the columns a verifier receives).
+    segments: an agent's episode (docs/agents.md): how many segments its calls formed (this one trained);
+        None for any other.
+    error: an agent's episode that ended in an error (scored 0): the error's line.
     """
 
     prompt_ids: list[int]
@@ -46,6 +49,8 @@ class Trajectory:
     version: int = 0
     seed: int | None = None
     row: dict | None = None
+    segments: int | None = None
+    error: str | None = None
 
     @property
     def turns(self) -> int:

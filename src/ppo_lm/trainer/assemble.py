@@ -115,7 +115,7 @@ def assemble(cfg: TrainConfig, pre: Preflight, *, policy=None, tokenizer=None, v
     training = build_training(cfg, models, device)
     models = shard_frozen(cfg, models)
     plan = Plan(sampler.prompts.rows, cfg.rollout.num_prompts, seed=cfg.seed, rank=dist.rank(),
-                world=dist.world_size(), shuffle=cfg.data.shuffle, env=cfg.rollout.env is not None)
+                world=dist.world_size(), shuffle=cfg.data.shuffle, env=cfg.rollout.episodic)
     source = build_source(cfg, models, sampler, training, plan, device)
     training.run_state.pending = source.pending
     return Parts(cfg, sized, device, models, sampler, training, plan, source, scoring_settings(cfg, sampler),
@@ -137,7 +137,7 @@ def build_models(cfg: TrainConfig, pre: Preflight, device: torch.device, *, poli
     cfg = sized.cfg
     kind = critics.kind_of(cfg)
     policy_module = roles.build_policy_module(cfg, lm, with_value_head=kind.values_from == "policy").to(device)
-    terms = ([] if cfg.rollout.env is not None  # the environment's turn rewards replace model.reward
+    terms = ([] if cfg.rollout.episodic  # the environment's turn rewards replace model.reward
              else roles.given_reward_terms(verifier, cfg.model) if verifier is not None
              else roles.reward_terms(cfg, pre.verifiers, cfg.model.dtype))
     for term in terms:
@@ -166,7 +166,7 @@ def build_sampler(cfg: TrainConfig, pre: Preflight, models: Models, device: torc
     with every stop token, and what samples (docs/architecture.md): the engine — the policy's own
     weights, in process — and the producer through it, of single-turn responses or with ``rollout.env``
     the environment's episodes (its worker processes start on first use)."""
-    tok, env = models.tokenizer, cfg.rollout.env is not None
+    tok, env = models.tokenizer, cfg.rollout.episodic
     rows = list(prompt_rows) if prompt_rows is not None else pre.prompt_rows
     prompts = inputs.build_prompts(cfg, tok, models.lm, rows, pre.eval_rows, given=prompt_rows is not None,
                                      env=env)
@@ -174,9 +174,12 @@ def build_sampler(cfg: TrainConfig, pre: Preflight, models: Models, device: torc
     sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_k=r.top_k,
                               top_p=r.top_p, stop_token_ids=prompts.stop_ids, min_new_tokens=r.min_new_tokens)
     engine = TorchEngine(models.policy.lm, pad_token_id=tok.pad_token_id, root=models.policy)
-    episodes = inputs.episode_setup(cfg, tok, models.lm) if env else None
+    episodes = inputs.episode_setup(cfg, tok, models.lm) if r.env is not None else None
+    agents = (inputs.agent_setup(cfg, inputs.renderer_of(cfg, tok), sampling, models.lm)
+              if r.agent is not None else None)
     producer = Producer(engine, tok, device=device, prompt_column=cfg.data.prompt_column,
-                        add_special_tokens=not prompts.chat, **(episodes._asdict() if episodes is not None else {}))
+                        add_special_tokens=not prompts.chat, agents=agents,
+                        **(episodes._asdict() if episodes is not None else {}))
     return Sampler(prompts, sampling, engine, producer)
 
 

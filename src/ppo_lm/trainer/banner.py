@@ -91,6 +91,11 @@ def banner(run: Run) -> str:
                      f"(its turn rewards are the reward); {envs.size} worker process"
                      f"{'es' if envs.size > 1 else ''}, each call ≤ {envs.timeout_s:g} s"
                      + (f"; {e.max_live} episodes at once" if e.max_live else ""))
+    agents = run.sampler.producer.agents
+    if agents is not None:
+        lines.append(f"  agent     {cfg.rollout.agent}: run(client, row) per episode, its return the reward; the policy "
+                     f"served on 127.0.0.1 (OpenAI API), ≤ {agents.endpoint.max_context} tokens per call, each episode "
+                     f"≤ {agents.timeout_s:g} s")
     if (line := _task_line(cfg, run.sampler.prompts)) is not None:
         lines.append(line)
     for term in run.models.rewards:

@@ -75,6 +75,11 @@ def rollout_metrics(batch: RolloutBatch, rewards: Tensor, advantages: Tensor, re
         m["done_frac"] = s_done / n
         m["truncated_by_context_frac"] = s_ctx / n
         m["reward_per_turn"] = s_turn_rewards / s_turns
+        if "segments" in info:  # an agent's episodes (docs/agents.md): rewritten histories, errors
+            s_seg, s_err = dist.all_reduce_sum(torch.stack([info["segments"].sum().cpu(),
+                                                            info["errors"].sum().cpu()]).double()).tolist()
+            m["segments_per_episode"] = s_seg / n
+            m["episode_errors_frac"] = s_err / n
     if batch.gold_scores is not None:
         m["gold_score"] = float(dist.all_reduce_sum(batch.gold_scores.sum().double().cpu())) / n
     if batch.values_old is not None and returns is not None:

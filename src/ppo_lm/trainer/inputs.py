@@ -124,16 +124,63 @@ def episode_setup(cfg: TrainConfig, tokenizer, policy_lm: nn.Module) -> EpisodeS
     the renderer of its answers (the chat template of ``data.chat_template``) and the episodes' limits
     (``max_episode_tokens`` 0 = the policy's context)."""
     from ..rollout.envs.env_pool import EnvPool
-    from ..rollout.envs.environment import EnvSpec, Renderer
+    from ..rollout.envs.environment import EnvSpec
     from ..rollout.sample.producer import EpisodeSettings
 
-    r, d = cfg.rollout, cfg.data
+    r = cfg.rollout
     context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
     settings = EpisodeSettings(r.max_turns, min(r.max_episode_tokens or context, context), r.env_sessions)
-    template = Path(d.chat_template).read_text() if d.chat_template not in ("auto", "none") else None
     pool = EnvPool(EnvSpec(r.env, r.env_action, r.env_observation), workers=env_workers(r.env_workers),
                    timeout_s=r.env_timeout_s)
-    return EpisodeSetup(pool, Renderer(tokenizer, template, chat=d.chat_template != "none"), settings)
+    return EpisodeSetup(pool, renderer_of(cfg, tokenizer), settings)
+
+
+def load_agent(spec: str):
+    """``rollout.agent``: the user's ``run(client, row)``, imported and checked before any model loads."""
+    import importlib.util
+    import inspect
+
+    from ..runtime.user_code import load_object
+
+    missing = [m for m in ("openai", "starlette", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"`rollout.agent` needs the extra `pip install 'ppo-lm[agents]'` ({', '.join(missing)} "
+                          "not installed): the policy is served to the agent's openai client")
+
+    try:
+        run = load_object(spec, "rollout.agent")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        inspect.signature(run).bind(None, None)
+    except TypeError:
+        raise ConfigError(f"`rollout.agent`={spec!r}: the agent is called as run(client, row); give it those two "
+                          "arguments") from None
+    except ValueError:  # a callable without a signature: called as it is
+        pass
+    return run
+
+
+def agent_setup(cfg: TrainConfig, renderer: Renderer, sampling, policy_lm: nn.Module):
+    """With ``rollout.agent``: its episodes against the endpoint that serves the policy (started on first
+    use), each cut at ``rollout.agent_timeout_s``, a prompt and its answers within ``rollout.max_episode_tokens``
+    (0 = the policy's context)."""
+    from ..rollout.agents.endpoint import AgentEndpoint
+    from ..rollout.agents.episodes import AgentEpisodes
+
+    r = cfg.rollout
+    context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
+    endpoint = AgentEndpoint(renderer, sampling, max_context=min(r.max_episode_tokens or context, context))
+    return AgentEpisodes(load_agent(r.agent), endpoint, timeout_s=r.agent_timeout_s)
+
+
+def renderer_of(cfg: TrainConfig, tokenizer) -> Renderer:
+    """The chat rendering of episodes: ``data.chat_template``'s template, or the tokenizer's."""
+    from ..rollout.envs.environment import Renderer
+
+    d = cfg.data
+    template = Path(d.chat_template).read_text() if d.chat_template not in ("auto", "none") else None
+    return Renderer(tokenizer, template, chat=d.chat_template != "none")
 
 
 def env_workers(setting: int | str) -> int:

@@ -86,6 +86,8 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     if cfg.data.chat_template not in ("auto", "none"):
         _check_chat_template(cfg.data.chat_template)  # read and parsed even where the prompts are text
 
+    if cfg.rollout.agent is not None:  # its returns replace model.reward (docs/agents.md)
+        inputs.load_agent(cfg.rollout.agent)
     if cfg.rollout.env is not None:  # its turn rewards replace model.reward (docs/environments.md)
         try:  # in a worker, as the run will (its module is never imported here), with its tools' schemas
             r = cfg.rollout
@@ -96,13 +98,13 @@ def preflight(cfg: TrainConfig, *, policy_given: bool = False, tokenizer_given: 
     verifiers = {spec: roles.load_reward_verifier(spec, cfg) for spec, _ in specs if not is_model_path(spec)}
     gold = roles.build_gold_verifier(cfg)
     rows = None if prompt_rows_given else inputs.read_prompt_rows(cfg.data, seed=cfg.seed,
-                                                                    env=cfg.rollout.env is not None)
+                                                                    env=cfg.rollout.episodic)
     eval_rows = None
     if cfg.data.eval_prompts is not None:
         if m.gold_reward is None and any(is_model_path(spec) for spec, _ in specs):
             raise ConfigError("`data.eval_prompts`: evaluation scores with a verifier, but `model.reward` includes a "
                               "reward model; set `model.gold_reward` to the verifier to evaluate with")
-        eval_rows = inputs.read_prompt_rows(cfg.data, seed=cfg.seed, held_out=True, env=cfg.rollout.env is not None)
+        eval_rows = inputs.read_prompt_rows(cfg.data, seed=cfg.seed, held_out=True, env=cfg.rollout.episodic)
     _check_unused(cfg, keep, rows, eval_rows)
     return Preflight(resuming, verifiers, gold, rows, eval_rows)
 
@@ -147,7 +149,7 @@ def _check_unused(cfg: TrainConfig, keep: dict, rows: list[dict] | None, eval_ro
     """The settings this run ignores (config/unused.py), now that every file they name has been read:
     refused, or — where a shipped workflow writes them — warned about."""
     chat = None
-    if rows is not None and cfg.rollout.env is None:  # an environment's rows: its reset reads them
+    if rows is not None and not cfg.rollout.episodic:  # an environment's rows: its reset reads them
         column = cfg.data.prompt_column
         chat = any(is_conversation(r[0][column]) for r in (rows, eval_rows or []) if r)
     cuda = roles.resolve_device(cfg.model.device).type == "cuda" if cfg.model.cpu_lanes else None

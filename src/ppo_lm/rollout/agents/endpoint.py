@@ -75,6 +75,7 @@ class AgentEndpoint:
         self._server = self._thread = None
         self.port = 0
         self.batches: list[int] = []  # choices sampled per generation step (for the diagnostics)
+        self._now: SamplingParams | None = None  # what :meth:`serve` samples with
 
     # -- the HTTP side (the server's thread) ----------------------------------------------------------
     def start(self) -> AgentEndpoint:
@@ -152,8 +153,11 @@ class AgentEndpoint:
 
     # -- the sampling side (the caller's thread) --------------------------------------------------------
     def serve(self, engine: GenerationEngine, generator: torch.Generator | None, done: Callable[[], bool], *,
-              poll_s: float = 0.005) -> None:
-        """Answer requests until ``done()``: each step samples every request waiting, as one batch."""
+              sampling: SamplingParams | None = None, poll_s: float = 0.005) -> None:
+        """Answer requests until ``done()``: each step samples every request waiting, as one batch, with
+        ``sampling`` (default the run's; held-out evaluation's is greedy — requests are still checked
+        against the run's)."""
+        self._now = sampling or self.sampling
         with engine.session():
             while not done():
                 try:
@@ -188,7 +192,8 @@ class AgentEndpoint:
             return
         limit = max(self._limit(r) for r in rows)
         ids, mask = pad_sequences([r.ids for r in rows], self.tokenizer.pad_token_id, side="left")
-        params = replace(self.sampling, max_new_tokens=limit, min_new_tokens=min(self.sampling.min_new_tokens, limit))
+        now = self._now or self.sampling
+        params = replace(now, max_new_tokens=limit, min_new_tokens=min(now.min_new_tokens, limit))
         gen = engine.generate(ids, mask, params, generator=generator, return_logprobs=True)
         self.batches.append(len(rows))
         lengths, stopped = gen.mask.sum(1).tolist(), gen.terminated.tolist()
@@ -203,7 +208,8 @@ class AgentEndpoint:
 
     def _limit(self, row: _Row) -> int:
         room = self.max_context - len(row.ids)
-        return max(min(self.sampling.max_new_tokens, row.request.max_tokens or self.sampling.max_new_tokens, room), 1)
+        most = (self._now or self.sampling).max_new_tokens
+        return max(min(most, row.request.max_tokens or most, room), 1)
 
     def _rows(self, pending: _Pending) -> list[_Row]:
         calls = self.episodes.get(pending.eid)

@@ -19,12 +19,15 @@ import inspect
 import math
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from ...runtime.user_code import one_line, user_frames
+from ..envs.environment import EnvError
 from ..sample.engine import GenerationEngine
+from ..sample.sampling import SamplingParams
 from ..trajectory import Trajectory
 from .calls import EpisodeCalls
 from .endpoint import AgentEndpoint
@@ -48,10 +51,37 @@ class AgentEpisodes:
         self.agent, self.endpoint, self.timeout_s = agent, endpoint, timeout_s
         self._next = 0  # episode ids are never reused: a late call of an old episode is refused
 
+    def trajectories(self, engine: GenerationEngine, generator: torch.Generator | None, rows: list[dict],
+                     samples: int, sampling: SamplingParams) -> list[Trajectory]:
+        """The producer's call: :meth:`play` sampled with ``sampling`` (the endpoint started on first use),
+        each episode's trajectory, its segments and its error on it. An episode's error is warned about
+        (the first of a batch, and how many); an episode with no call stops the run with one line: there
+        is nothing to train on, and its group would be short."""
+        if not self.endpoint.port:
+            self.endpoint.start()
+        episodes = self.play(engine, generator, rows, samples, sampling)
+        empty = next((e for e in episodes if e.traj is None), None)
+        if empty is not None:
+            raise EnvError(f"an episode of `rollout.agent` has no call to train on: {empty.error}; an agent must "
+                           "call its client at least once")
+        errors = [e.error for e in episodes if e.error]
+        if errors:
+            warnings.warn(f"{len(errors)} of {len(episodes)} agent episodes ended in an error, scored 0; the first: "
+                          f"{errors[0]}", stacklevel=2)
+        for e in episodes:
+            e.traj.segments, e.traj.error = e.segments, e.error
+        return [e.traj for e in episodes]
+
+    def close(self) -> None:
+        """Stop the endpoint (started again on the next use)."""
+        self.endpoint.stop()
+        self.endpoint.port = 0
+
     def play(self, engine: GenerationEngine, generator: torch.Generator | None, rows: list[dict],
-             samples: int) -> list[Episode]:
-        """``samples`` episodes per row, group-contiguous, to their end; their trajectories stamped with
-        the version of the weights that sampled their first call."""
+             samples: int, sampling: SamplingParams | None = None) -> list[Episode]:
+        """``samples`` episodes per row, group-contiguous, to their end, sampled with ``sampling`` (default
+        the endpoint's); their trajectories stamped with the version of the weights that sampled their
+        first call."""
         records, results, threads = {}, {}, []
         for row in rows:
             for _ in range(samples):
@@ -72,7 +102,7 @@ class AgentEpisodes:
             return not any(t.is_alive() for _, t in threads)
 
         try:
-            self.endpoint.serve(engine, generator, done)
+            self.endpoint.serve(engine, generator, done, sampling=sampling)
         finally:
             for eid in records:
                 self.endpoint.episodes.pop(eid, None)  # a late call is refused

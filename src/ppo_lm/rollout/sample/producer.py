@@ -50,29 +50,33 @@ class Producer:
 
     ``prompt_column``, ``add_special_tokens``: how a single-turn row's prompt is encoded
     (:func:`~ppo_lm.data.prompts.encode_prompts`; False for prompts a chat template rendered).
+    ``agents``: instead, a user's agent plays each episode through the OpenAI client
+    (:class:`~ppo_lm.rollout.agents.episodes.AgentEpisodes`, which samples through ``engine``).
     """
 
     def __init__(self, engine: GenerationEngine, tokenizer, *, device: torch.device | str = "cpu",
                  envs: EnvPool | None = None, renderer: Renderer | None = None,
                  episodes: EpisodeSettings | None = None, prompt_column: str = "prompt",
-                 add_special_tokens: bool = True):
+                 add_special_tokens: bool = True, agents=None):
         if envs is not None and (renderer is None or episodes is None):
             raise ValueError("an environment's producer needs its renderer and its episode settings")
         self.engine, self.tokenizer, self.device = engine, tokenizer, device
-        self.envs, self.renderer = envs, renderer
+        self.envs, self.renderer, self.agents = envs, renderer, agents
         self.episodes = episodes if envs is not None else EpisodeSettings(1, UNLIMITED)
         self.prompt_column, self.add_special_tokens = prompt_column, add_special_tokens
 
     @property
     def environment(self) -> bool:
-        """Whether it plays an environment's episodes (their turn rewards are the reward)."""
-        return self.envs is not None
+        """Whether it plays episodes, an environment's or an agent's (their turn rewards are the reward)."""
+        return self.envs is not None or self.agents is not None
 
     def produce(self, rows: list[dict], *, samples: int, sampling: SamplingParams,
                 generator: torch.Generator | None, seeds: list[int] | None = None) -> list[Trajectory]:
         """``samples`` episodes per row, group-contiguous ([r0s0, r0s1, …, r1s0, …]), to the end: a stop
         token (single-turn), or done, the turn limit, or a context with no room left (environments).
         ``seeds``: one per row with an environment, its group's — the G episodes of a row play one task."""
+        if self.agents is not None:
+            return self.agents.trajectories(self.engine, generator, rows, samples, sampling)
         with self.engine.session():  # FSDP: one all-gather for every turn's decode
             if self.envs is None:
                 return self._responses(rows, samples, sampling, generator)

@@ -153,6 +153,9 @@ def episode_fields(tokenizer, trajs: list[Trajectory], seqs: Packed, *, device: 
     info = {"turns": torch.tensor([t.turns for t in trajs]),
             "observation_tokens": torch.tensor([t.observation_tokens for t in trajs]),
             "context_truncated": torch.tensor([t.context_truncated for t in trajs])}
+    if trajs[0].segments is not None:  # an agent's episodes: rewritten histories and errors
+        info |= {"segments": torch.tensor([t.segments for t in trajs]),
+                 "errors": torch.tensor([t.error is not None for t in trajs])}
     return dict(
         terminated=torch.tensor([t.terminated for t in trajs], device=device),
         scores=torch.tensor([t.rewards[-1] for t in trajs], device=device),

@@ -92,3 +92,5 @@ class SyncSource:
     def close(self) -> None:
         if self.producer.envs is not None:
             self.producer.envs.close()
+        if self.producer.agents is not None:
+            self.producer.agents.close()
