@@ -247,3 +247,23 @@ def test_requests_are_checked_before_any_sampling():
                                                                           {"type": "text", "text": "b"}]}],
                                 "temperature": 1.0, "max_completion_tokens": 4}, temperature=1.0, top_p=1.0)
     assert ok.messages[0]["content"] == "ab" and ok.max_tokens == 4
+
+
+def test_requests_that_come_close_together_wait_for_one_step(served):
+    """The first request waits up to `gather_s` for the other open episodes': three asking 0.1 s apart
+    are sampled in one generation step."""
+    tok, engine, endpoint = served
+    for eid in range(50, 53):
+        endpoint.open(eid)
+
+    def ask(eid, delay):
+        threading.Event().wait(delay)
+        _client(endpoint, eid).completions.create(model="policy", prompt="What is 2 + 3?", max_tokens=3)
+    threads = [threading.Thread(target=ask, args=(50 + i, 0.1 * i)) for i in range(3)]
+    for t in threads:
+        t.start()
+    before = len(endpoint.batches)
+    endpoint.serve(engine, None, lambda: not any(t.is_alive() for t in threads), gather_s=0.5)
+    assert endpoint.batches[before:] == [3]
+    for eid in range(50, 53):
+        endpoint.close(eid)

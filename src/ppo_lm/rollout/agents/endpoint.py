@@ -153,10 +153,12 @@ class AgentEndpoint:
 
     # -- the sampling side (the caller's thread) --------------------------------------------------------
     def serve(self, engine: GenerationEngine, generator: torch.Generator | None, done: Callable[[], bool], *,
-              sampling: SamplingParams | None = None, poll_s: float = 0.005) -> None:
-        """Answer requests until ``done()``: each step samples every request waiting, as one batch, with
+              sampling: SamplingParams | None = None, poll_s: float = 0.005, gather_s: float = 0.05) -> None:
+        """Answer requests until ``done()``: each step samples the requests waiting, as one batch, with
         ``sampling`` (default the run's; held-out evaluation's is greedy — requests are still checked
-        against the run's)."""
+        against the run's). A step starts once every open episode has a request waiting, or ``gather_s``
+        after the last one came: the episodes of a batch answered together ask again at nearly the same
+        moment, and one step for all of them decodes far faster than one for the first and one for the rest."""
         self._now = sampling or self.sampling
         with engine.session():
             while not done():
@@ -164,9 +166,9 @@ class AgentEndpoint:
                     waiting = [self._queue.get(timeout=poll_s)]
                 except queue.Empty:
                     continue
-                while True:
+                while len(waiting) < len(self.episodes):
                     try:
-                        waiting.append(self._queue.get_nowait())
+                        waiting.append(self._queue.get(timeout=gather_s))
                     except queue.Empty:
                         break
                 self.step(engine, generator, waiting)
