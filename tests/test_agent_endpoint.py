@@ -33,13 +33,17 @@ TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add tw
                                                "a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
 
 
+def tiny_endpoint(corpus: list[str], max_new_tokens: int, max_context: int):
+    """A chat tokenizer trained on ``corpus``, a tiny policy's engine, and the endpoint serving it (started)."""
+    tok = bpe_tokenizer(corpus, 300, chat_template=TEMPLATE)
+    engine = TorchEngine(build_tiny_policy(tok, seed=0, hidden_size=32), pad_token_id=tok.pad_token_id)
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
+    return tok, engine, AgentEndpoint(Renderer(tok), sampling, max_context=max_context).start()
+
+
 @pytest.fixture(scope="module")
 def served():
-    tok = bpe_tokenizer([CALL, "What is 2 + 3? Use the tool.", "5", "Say it again."], 300, chat_template=TEMPLATE)
-    lm = build_tiny_policy(tok, seed=0, hidden_size=32)
-    engine = TorchEngine(lm, pad_token_id=tok.pad_token_id)
-    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
-    endpoint = AgentEndpoint(Renderer(tok), sampling, max_context=512).start()
+    tok, engine, endpoint = tiny_endpoint([CALL, "What is 2 + 3? Use the tool.", "5", "Say it again."], 12, 512)
     yield tok, engine, endpoint
     endpoint.stop()
 

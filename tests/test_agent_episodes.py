@@ -8,26 +8,16 @@ import time
 
 import pytest
 import torch
-from test_agent_endpoint import TEMPLATE
-from trainer_helpers import bpe_tokenizer
+from test_agent_endpoint import tiny_endpoint
 
-from ppo_lm.rollout.agents.endpoint import AgentEndpoint
 from ppo_lm.rollout.agents.episodes import AgentEpisodes
-from ppo_lm.rollout.envs.environment import Renderer
-from ppo_lm.rollout.sample.engine import TorchEngine
-from ppo_lm.rollout.sample.sampling import SamplingParams
-from ppo_lm.tasks.equations import build_tiny_policy
 
 ROWS = [{"question": "What is 2 + 3?", "answer": "5"}, {"question": "What is 4 + 4?", "answer": "8"}]
 
 
 @pytest.fixture(scope="module")
 def served():
-    tok = bpe_tokenizer([r["question"] for r in ROWS] + ["Try again."], 300, chat_template=TEMPLATE)
-    lm = build_tiny_policy(tok, seed=0, hidden_size=32)
-    engine = TorchEngine(lm, pad_token_id=tok.pad_token_id)
-    sampling = SamplingParams(max_new_tokens=6, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
-    endpoint = AgentEndpoint(Renderer(tok), sampling, max_context=256).start()
+    tok, engine, endpoint = tiny_endpoint([r["question"] for r in ROWS] + ["Try again."], 6, 256)
     yield tok, engine, endpoint
     endpoint.stop()
 

@@ -128,8 +128,7 @@ def episode_setup(cfg: TrainConfig, tokenizer, policy_lm: nn.Module) -> EpisodeS
     from ..rollout.sample.producer import EpisodeSettings
 
     r = cfg.rollout
-    context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
-    settings = EpisodeSettings(r.max_turns, min(r.max_episode_tokens or context, context), r.env_sessions)
+    settings = EpisodeSettings(r.max_turns, episode_tokens(cfg, policy_lm), r.env_sessions)
     pool = EnvPool(EnvSpec(r.env, r.env_action, r.env_observation), workers=env_workers(r.env_workers),
                    timeout_s=r.env_timeout_s)
     return EpisodeSetup(pool, renderer_of(cfg, tokenizer), settings)
@@ -169,9 +168,14 @@ def agent_setup(cfg: TrainConfig, renderer: Renderer, sampling, policy_lm: nn.Mo
     from ..rollout.agents.episodes import AgentEpisodes
 
     r = cfg.rollout
-    context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
-    endpoint = AgentEndpoint(renderer, sampling, max_context=min(r.max_episode_tokens or context, context))
+    endpoint = AgentEndpoint(renderer, sampling, max_context=episode_tokens(cfg, policy_lm))
     return AgentEpisodes(load_agent(r.agent), endpoint, timeout_s=r.agent_timeout_s)
+
+
+def episode_tokens(cfg: TrainConfig, policy_lm: nn.Module) -> int:
+    """``rollout.max_episode_tokens``, 0 = and at most the policy's context."""
+    context = getattr(policy_lm.config, "max_position_embeddings", None) or 10**9
+    return min(cfg.rollout.max_episode_tokens or context, context)
 
 
 def renderer_of(cfg: TrainConfig, tokenizer) -> Renderer:

@@ -75,7 +75,7 @@ class AgentEndpoint:
         self._server = self._thread = None
         self.port = 0
         self.batches: list[int] = []  # choices sampled per generation step (for the diagnostics)
-        self._now: SamplingParams | None = None  # what :meth:`serve` samples with
+        self._now = sampling  # what :meth:`serve` samples with
 
     # -- the HTTP side (the server's thread) ----------------------------------------------------------
     def start(self) -> AgentEndpoint:
@@ -102,7 +102,7 @@ class AgentEndpoint:
         if self._server is not None:
             self._server.should_exit = True
             self._thread.join(timeout=10)
-            self._server = None
+            self._server, self.port = None, 0
 
     def base_url(self, eid: int) -> str:
         """What an episode's OpenAI client is given: its calls are recorded in episode ``eid``."""
@@ -194,8 +194,7 @@ class AgentEndpoint:
             return
         limit = max(self._limit(r) for r in rows)
         ids, mask = pad_sequences([r.ids for r in rows], self.tokenizer.pad_token_id, side="left")
-        now = self._now or self.sampling
-        params = replace(now, max_new_tokens=limit, min_new_tokens=min(now.min_new_tokens, limit))
+        params = replace(self._now, max_new_tokens=limit, min_new_tokens=min(self._now.min_new_tokens, limit))
         gen = engine.generate(ids, mask, params, generator=generator, return_logprobs=True)
         self.batches.append(len(rows))
         lengths, stopped = gen.mask.sum(1).tolist(), gen.terminated.tolist()
@@ -210,7 +209,7 @@ class AgentEndpoint:
 
     def _limit(self, row: _Row) -> int:
         room = self.max_context - len(row.ids)
-        most = (self._now or self.sampling).max_new_tokens
+        most = self._now.max_new_tokens
         return max(min(most, row.request.max_tokens or most, room), 1)
 
     def _rows(self, pending: _Pending) -> list[_Row]:

@@ -58,7 +58,7 @@ class AgentEpisodes:
         each episode's trajectory, its segments and its error on it. An episode's error is warned about
         (the first of a batch, and how many); an episode with no call stops the run with one line: there
         is nothing to train on, and its group would be short."""
-        if not self.endpoint.port:
+        if not self.endpoint.port:  # started on first use, and again after close()
             self.endpoint.start()
         episodes = self.play(engine, generator, rows, samples, sampling)
         empty = next((e for e in episodes if e.traj is None), None)
@@ -69,14 +69,11 @@ class AgentEpisodes:
         if errors:
             warnings.warn(f"{len(errors)} of {len(episodes)} agent episodes ended in an error, scored 0; the first: "
                           f"{errors[0]}", stacklevel=2)
-        for e in episodes:
-            e.traj.segments, e.traj.error = e.segments, e.error
         return [e.traj for e in episodes]
 
     def close(self) -> None:
         """Stop the endpoint and the clients' connections (started again on the next use)."""
         self.endpoint.stop()
-        self.endpoint.port = 0
         if self._http is not None:
             self._http.close()
             self._http = None
@@ -130,6 +127,8 @@ class AgentEpisodes:
             results.setdefault(eid, _Returned(out))
         except BaseException as e:  # noqa: BLE001 (the user's code: its error is the episode's)
             results.setdefault(eid, f"the agent raised {type(e).__name__}: {one_line(e)}{user_frames(e)}")
+        finally:  # its episode is over: a step no longer waits for it, and a late call is refused
+            self.endpoint.episodes.pop(eid, None)
 
     def _episode(self, record: EpisodeCalls, result, row: dict) -> Episode:
         chains = record.segments()
@@ -148,6 +147,7 @@ class AgentEpisodes:
         traj.rewards = [rewards[i] for i in chain]
         traj.rewards[-1] += outside  # γ = 1: the episode's return is kept on its trained segment
         traj.terminated = result is not TIMEOUT  # cut by its time limit: truncated, as by a turn limit
+        traj.segments, traj.error = len(chains), error
         return Episode(traj, len(chains), error)
 
 

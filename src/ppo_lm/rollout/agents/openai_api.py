@@ -175,8 +175,7 @@ def tool_calls_of(text: str, call_id: str) -> tuple[str | None, list[dict]]:
             calls.append({"id": f"{call_id}-{len(calls)}", "type": "function",
                           "function": {"name": parsed["name"], "arguments": json.dumps(parsed["arguments"])}})
             kept = kept.replace(block.group(0), "", 1)
-    content = kept.strip() if calls else text
-    return (content or None) if calls else content, calls
+    return (kept.strip() or None, calls) if calls else (text, [])
 
 
 def chat_body(request: CallRequest, choices: list[Choice], call_id: str, prompt_tokens: int) -> dict:
